@@ -1,0 +1,81 @@
+"""The torch.compile entry: ``torch.compile(model, backend="pypto", options={...})``.
+
+Dynamo hands us an FX graph; AOTAutograd (with our decomposition table) turns
+it into functional ATen forward and backward graphs, and each of those is
+lowered, planned and compiled here into a CompiledGraph.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+
+from .codegen import get_target
+from .config import Config, parse_options
+from .fusion import plan_fusion
+from .hardware import get_hardware
+from .lowering import GraphNotLowerable, decomposition_table, lower_graph
+from .report import GraphReport, publish
+from .runtime import CompiledGraph
+
+_graph_ids = itertools.count()
+
+
+class UnsupportedOpsError(RuntimeError):
+    """fallback='error' and the graph has ops that would run eagerly."""
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str):
+    """Lower, plan and compile one ATen graph; returns the boxed callable."""
+    name = f"g{next(_graph_ids)}_{kind}"
+    try:
+        graph = lower_graph(gm, config, name)
+    except GraphNotLowerable as e:
+        if config.fallback == "error":
+            raise UnsupportedOpsError(f"graph {name} cannot be lowered: {e}") from e
+        warnings.warn(f"pypto_inductor: graph {name} runs eagerly: {e}", stacklevel=2)
+        publish(GraphReport.eager(name, str(e), gm), config)
+        return make_boxed_func(gm.forward)
+    if config.fallback == "error":
+        unsupported = [f"{n.op_name} ({n.reason})" for n in graph.nodes
+                       if getattr(n, "reason", None) and n.reason != "forced by fallback_ops"]
+        if unsupported:
+            raise UnsupportedOpsError(
+                "fallback='error' and these ops have no tile lowering: " + ", ".join(unsupported)
+                + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
+    hw = get_hardware(config.hardware_name, config.capacity_bytes)
+    plan = plan_fusion(graph, hw, config)
+    compiled = CompiledGraph(plan, get_target(config.target), config)
+    if config.debug_dir:
+        _dump(Path(config.debug_dir), gm, plan)
+    publish(GraphReport(name, plan, compiled), config)
+    return make_boxed_func(compiled)
+
+
+def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    name = plan.graph.name
+    (root / f"{name}.aten.py").write_text(gm.code)
+    (root / f"{name}.tilegraph.txt").write_text(str(plan.graph) + "\n")
+    for tile in plan.tiles:
+        (root / f"{tile.name}.pto.txt").write_text(tile.pto_text(plan.graph.specs) + "\n")
+
+
+def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
+    """The Dynamo backend registered as "pypto"."""
+    config = parse_options(options)
+    get_target(config.target)  # fail early, with a clear message, if the target is unusable
+    return aot_autograd(
+        fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward"),
+        bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
+        inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference"),
+        decompositions=decomposition_table(),
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)
+
+
+__all__ = ["compile_graph", "pypto_backend", "UnsupportedOpsError"]

@@ -1,0 +1,137 @@
+"""The reference target: each FusionTile's tile ops interpreted with torch.
+
+It defines what every canonical tile op means, so it is the oracle for the
+native targets and the fallback when no native kernel can be built.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..ir import FusionTile, TileGraph, TileOp
+from .sizes import is_symbolic, resolve_static, size_function
+
+aten = torch.ops.aten
+
+
+def _reduce(fn):
+    def run(x, dims, keepdim, **kw):
+        return fn(x, dim=list(dims), keepdim=keepdim, **kw) if x.dim() else fn(x, **kw)
+    return run
+
+
+def _var(x, dims, keepdim, correction, std=False):
+    fn = torch.std if std else torch.var
+    return fn(x, dim=list(dims) or None, correction=correction, keepdim=keepdim)
+
+
+def _arg(fn):
+    def run(x, dims, keepdim):
+        return fn(x, dim=dims[0] if dims else None, keepdim=keepdim)
+    return run
+
+
+def _prod(x, dims, keepdim, dtype):
+    if len(dims) == x.dim() and not keepdim:
+        return torch.prod(x, dtype=dtype)
+    return torch.prod(x, dim=dims[0], keepdim=keepdim, dtype=dtype)
+
+
+def _slice(x, dim, start, length, step):
+    return aten.slice(x, dim, start, start + length * step, step)
+
+
+def _full(*, value, dtype, shape):
+    return torch.full(shape, value, dtype=dtype)
+
+
+_UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt",
+          "rsqrt", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh",
+          "asinh", "acosh", "atanh", "sigmoid", "relu", "erf", "erfc", "reciprocal", "floor",
+          "ceil", "round", "trunc", "frac", "sign", "logical_not", "bitwise_not", "isnan",
+          "isinf"]
+_BINARY = ["add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
+           "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+           "bitwise_xor", "atan2", "remainder", "fmod", "copysign", "fmax", "fmin", "hypot"]
+
+# Canonical tile op -> torch implementation. Operands positional, attrs as keywords.
+REFERENCE: dict[str, Callable[..., Any]] = {
+    **{name: getattr(aten, name) for name in _UNARY + _BINARY},
+    "div": lambda a, b, rounding_mode=None: aten.div(a, b, rounding_mode=rounding_mode)
+    if rounding_mode else aten.div(a, b),
+    "silu": F.silu, "mish": F.mish, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+    "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+    "leaky_relu": lambda x, negative_slope: F.leaky_relu(x, negative_slope),
+    "softplus": lambda x, beta, threshold: F.softplus(x, beta, threshold),
+    "elu": lambda x, alpha, scale, input_scale: aten.elu(x, alpha, scale, input_scale),
+    "clamp": lambda x, min, max: torch.clamp(x, min, max),
+    "where": torch.where,
+    "copy": lambda x: x.clone(memory_format=torch.contiguous_format),
+    "cast": lambda x, dtype: x.to(dtype),
+    "full": _full,
+    "sum": _reduce(torch.sum), "mean": _reduce(torch.mean), "prod": _prod,
+    "amax": lambda x, dims, keepdim: torch.amax(x, list(dims), keepdim),
+    "amin": lambda x, dims, keepdim: torch.amin(x, list(dims), keepdim),
+    "logsumexp": lambda x, dims, keepdim: torch.logsumexp(x, list(dims), keepdim),
+    "any": lambda x, dims, keepdim: aten.any.dims(x, list(dims), keepdim),
+    "all": lambda x, dims, keepdim: aten.all.dims(x, list(dims), keepdim),
+    "var": _var, "std": lambda x, dims, keepdim, correction: _var(x, dims, keepdim, correction, True),
+    "argmax": _arg(torch.argmax), "argmin": _arg(torch.argmin),
+    "softmax": lambda x, dims, keepdim, dtype: torch.softmax(x, dims[0], dtype=dtype),
+    "log_softmax": lambda x, dims, keepdim, dtype: torch.log_softmax(x, dims[0], dtype=dtype),
+    "matmul": torch.matmul,
+    "view": lambda x, shape: x.reshape(shape),
+    "permute": lambda x, dims: x.permute(dims),
+    "expand": lambda x, shape: x.expand(shape),
+    "slice": _slice,
+    "select": lambda x, dim, index: x.select(dim, index),
+    "cat": lambda *xs, dim: torch.cat(xs, dim),
+}
+
+
+def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
+    """f(operand_values, syms) -> result for one tile op; sizes resolved per call."""
+    fn = REFERENCE[op.op]
+    attrs = dict(op.attrs)
+    if op.op == "full":
+        attrs["shape"] = op.out.shape
+    keys = tuple(attrs)
+    get_values = size_function(tuple(attrs.values()), symbols)
+
+    def run(values: list, syms: tuple):
+        return fn(*values, **dict(zip(keys, get_values(syms))))
+
+    return run
+
+
+def build_reference(tile: FusionTile, graph: TileGraph) -> Callable:
+    """kernel(inputs, syms) -> outputs, running the tile's ops one by one with torch."""
+    symbols = graph.symbols
+    slots = {name: i for i, name in enumerate(tile.inputs)}
+    program = []
+    for op in tile.ops:
+        operands = []
+        for a in op.args:
+            if isinstance(a, str):
+                operands.append((0, slots[a]))
+            elif is_symbolic(a):
+                operands.append((1, size_function(a, symbols)))
+            else:
+                operands.append((2, resolve_static(a)))
+        slots[op.name] = len(slots)
+        program.append((op_runner(op, symbols), operands))
+    out_slots = [slots[n] for n in tile.outputs]
+
+    def kernel(inputs: list, syms: tuple) -> list:
+        env = list(inputs)
+        for run, operands in program:
+            vals = [env[x] if k == 0 else (x(syms) if k == 1 else x) for k, x in operands]
+            env.append(run(vals, syms))
+        return [env[i] for i in out_slots]
+
+    return kernel
+
+
+build = build_reference

@@ -1,0 +1,127 @@
+"""Backend options: parsing and validation.
+
+Every option of ``torch.compile(..., backend="pypto", options={...})`` and of
+``pypto_inductor.report(..., options={...})`` is a field of :class:`Config`.
+Bad keys and values raise :class:`ConfigError` naming the key and what is valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+TARGETS = ("cpu", "npu", "reference")
+HARDWARE = ("ascend-a2", "host")
+DTYPE_POLICIES = ("upcast", "strict")
+FALLBACK_MODES = ("eager", "error")
+
+
+class ConfigError(ValueError):
+    """An option passed to the pypto backend is unknown or has a bad value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    target: str = "cpu"
+    hardware: str | None = None  # None: follows the target (npu -> ascend-a2, else host)
+    capacity_bytes: int | None = None  # overrides the hardware model's on-chip capacity
+    roi_threshold: float = 1.2
+    fusion: bool = True
+    dtype_policy: str = "upcast"
+    fallback_ops: tuple[str, ...] = ()
+    fallback: str = "eager"
+    report_path: str | None = None
+    debug_dir: str | None = None
+    buffering: int = 2  # double buffering: each live tile buffer is allocated twice
+    profile: bool = False
+    simulate: bool = False
+
+    @property
+    def hardware_name(self) -> str:
+        if self.hardware is not None:
+            return self.hardware
+        return "ascend-a2" if self.target == "npu" or self.simulate else "host"
+
+    def forced_fallback(self, op_name: str) -> bool:
+        """True when ``op_name`` (e.g. "aten.gelu.default") is listed in fallback_ops.
+
+        "aten.gelu" matches every overload of gelu; "aten.gelu.default" only that one.
+        """
+        packet = op_name.rsplit(".", 1)[0]
+        return op_name in self.fallback_ops or packet in self.fallback_ops
+
+
+def _choice(key: str, value: Any, valid: tuple[str, ...]) -> str:
+    if value not in valid:
+        raise ConfigError(f"option {key!r} must be one of {list(valid)}, got {value!r}")
+    return value
+
+
+def _check_type(key: str, value: Any, types: tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ConfigError(f"option {key!r} must be {what}, got {value!r}")
+    return value
+
+
+def _normalise_op_name(key: str, name: Any) -> str:
+    if not isinstance(name, str):
+        name = str(name)  # accept torch.ops.aten.gelu.default itself
+    if not name.startswith("aten."):
+        raise ConfigError(
+            f"option {key!r}: op names look like 'aten.gelu' or 'aten.gelu.default', got {name!r}"
+        )
+    return name
+
+
+def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
+    """Turn a user's options dict into a validated :class:`Config`."""
+    if options is None:
+        return Config()
+    if isinstance(options, Config):
+        return options
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"options must be a dict, got {type(options).__name__}")
+    fields = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {unknown}; valid options are {sorted(fields)}"
+        )
+    kw: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "target":
+            kw[key] = _choice(key, value, TARGETS)
+        elif key == "hardware":
+            kw[key] = None if value is None else _choice(key, value, HARDWARE)
+        elif key == "dtype_policy":
+            kw[key] = _choice(key, value, DTYPE_POLICIES)
+        elif key == "fallback":
+            kw[key] = _choice(key, value, FALLBACK_MODES)
+        elif key == "capacity_bytes":
+            if value is not None:
+                _check_type(key, value, (int,), "a positive int (bytes)")
+                if value <= 0:
+                    raise ConfigError(f"option 'capacity_bytes' must be > 0, got {value}")
+            kw[key] = value
+        elif key == "roi_threshold":
+            _check_type(key, value, (int, float), "a number (e.g. 1.2)")
+            if value <= 0:
+                raise ConfigError(f"option 'roi_threshold' must be > 0, got {value}")
+            kw[key] = float(value)
+        elif key == "buffering":
+            _check_type(key, value, (int,), "1, 2 or 3")
+            if value not in (1, 2, 3):
+                raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
+            kw[key] = value
+        elif key in ("fusion", "profile", "simulate"):
+            kw[key] = _check_type(key, value, (bool,), "True or False")
+        elif key == "fallback_ops":
+            if isinstance(value, str) or not hasattr(value, "__iter__"):
+                value = [value]
+            kw[key] = tuple(_normalise_op_name(key, v) for v in value)
+        elif key in ("report_path", "debug_dir"):
+            if value is not None:
+                value = str(_check_type(key, value, (str, os.PathLike), "a path"))
+            kw[key] = value
+    return Config(**kw)
+

@@ -1,0 +1,167 @@
+"""On-chip capacity: iteration domains, tile shapes and footprints.
+
+A vector FusionTile iterates over a domain D (a shape) with optional reduction
+axes A. It is tiled as (rows, cols): cols spans the reduced extent (the whole
+row, so one pass suffices) or, without reductions, the last dimension; rows
+split the rest. Its footprint is
+
+    buffering * sum(itemsize(v) * tile_elems(v) for every live tile buffer v)
+
+as a sympy expression in the tile rows/cols; it must fit the hardware model's
+vector buffer (UB on Ascend, one core's L2 on the host). Matmul FusionTiles
+use (tm, tn, tk) tiles against the cube buffer (L1).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from ..hardware import HardwareModel
+from ..ir import OpKind, TensorSpec, TileGraph, TileOp
+
+TILE_ROWS = sympy.Symbol("tile_rows", positive=True, integer=True)
+TILE_COLS = sympy.Symbol("tile_cols", positive=True, integer=True)
+TILE_M, TILE_N, TILE_K = sympy.symbols("tile_m tile_n tile_k", positive=True, integer=True)
+
+_ROW_CHOICES = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
+_MAX_POINTWISE_COLS = 4096
+_CUBE_CHOICES = ((256, 128, 256), (128, 128, 128), (128, 64, 128), (64, 64, 64),
+                 (32, 32, 64), (16, 16, 32), (16, 16, 16))
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    shape: tuple
+    reduce_axes: tuple[int, ...] = ()
+    matmul: bool = False
+
+    def reduced_shapes(self) -> set[tuple]:
+        keep = tuple(1 if i in self.reduce_axes else s for i, s in enumerate(self.shape))
+        drop = tuple(s for i, s in enumerate(self.shape) if i not in self.reduce_axes)
+        return {keep, drop}
+
+    def admits(self, shape: tuple) -> bool:
+        """Can a pointwise op of this output shape live in a tile over this domain?"""
+        if shape == self.shape:
+            return True
+        return bool(self.reduce_axes) and shape in self.reduced_shapes()
+
+
+def op_domain(op: TileOp, graph: TileGraph) -> Domain:
+    if op.kind is OpKind.REDUCTION:
+        return Domain(graph.specs[op.args[0]].shape, tuple(op.attrs["dims"]))
+    return Domain(op.out.shape, (), op.kind is OpKind.MATMUL)
+
+
+def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
+    for op in ops:
+        if op.kind in (OpKind.REDUCTION, OpKind.MATMUL):
+            return op_domain(op, graph)
+    return op_domain(ops[0], graph)
+
+
+def domains_compatible(a: Domain, b: Domain, shapes_a: set, shapes_b: set) -> str | None:
+    """None when two groups may share one iteration domain, else the reason."""
+    if a.matmul and b.matmul:
+        return "two matmuls never share a kernel"
+    if a.matmul or b.matmul:
+        mm, other_shapes = (a, shapes_b) if a.matmul else (b, shapes_a)
+        other = b if a.matmul else a
+        if other.reduce_axes:
+            return "a matmul epilogue must be elementwise (the other side reduces)"
+        if any(s != mm.shape for s in other_shapes):
+            return "a matmul epilogue must have the matmul's output shape"
+        return None
+    if a.reduce_axes and b.reduce_axes:
+        if a != b:
+            return (f"reductions over different domains ({_fmt(a)} vs {_fmt(b)})")
+        return None
+    red, other_shapes = (a, shapes_b) if a.reduce_axes else (b, shapes_a)
+    if all(red.admits(s) for s in other_shapes):
+        return None
+    return f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})"
+
+
+def _fmt(d: Domain) -> str:
+    shape = "[" + ", ".join(str(s) for s in d.shape) + "]"
+    return f"{shape} reducing {list(d.reduce_axes)}" if d.reduce_axes else shape
+
+
+@dataclasses.dataclass(frozen=True)
+class TilePlan:
+    tile_shape: tuple[int, ...]
+    footprint_expr: sympy.Expr  # over TILE_* symbols (and size symbols)
+    footprint_bytes: int  # at the chosen tile and example sizes
+    capacity_bytes: int
+    fits: bool
+
+
+def _tile_elems(spec: TensorSpec, domain: Domain, graph: TileGraph) -> sympy.Expr:
+    """Elements of ``spec`` that one (rows x cols) tile of ``domain`` touches."""
+    if spec.shape == domain.shape or spec.numel == sympy.Mul(*domain.shape):
+        return TILE_ROWS * TILE_COLS
+    if domain.reduce_axes and spec.shape in domain.reduced_shapes():
+        return TILE_ROWS
+    if spec.shape and spec.shape[-1] == 1:
+        return TILE_ROWS  # a per-row operand, e.g. [B, S, 1]
+    return TILE_COLS  # a per-column operand, e.g. a bias [H]
+
+
+def _buffers(ops: list[TileOp], graph: TileGraph) -> list[TensorSpec]:
+    names: list[str] = []
+    for op in ops:
+        for n in op.inputs + [op.name]:
+            if n not in names:
+                names.append(n)
+    return [graph.specs[n] for n in names]
+
+
+def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int) -> TilePlan:
+    domain = group_domain(ops, graph)
+    if domain.matmul:
+        return _plan_cube_tile(ops, graph, hw, buffering, domain)
+    capacity = hw.vector_capacity_bytes
+    expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain, graph)
+                           for spec in _buffers(ops, graph))
+    shape_hint = [graph.hint(s) for s in domain.shape]
+    if domain.reduce_axes:
+        cols_expr = sympy.Mul(*[domain.shape[a] for a in domain.reduce_axes])
+        cols = graph.hint(cols_expr)
+    else:
+        cols = min(shape_hint[-1], _MAX_POINTWISE_COLS) if shape_hint else 1
+    total = 1
+    for s in shape_hint:
+        total *= s
+    rows_max = max(total // max(cols, 1), 1)
+    hinted = expr.subs(graph.size_hints)
+    for rows in _ROW_CHOICES:
+        if rows > rows_max and rows != 1:
+            continue
+        footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
+        if footprint <= capacity or rows == 1:
+            break
+    if not domain.reduce_axes:  # pointwise: narrower columns still fit
+        while footprint > capacity and cols > 1:
+            cols //= 2
+            footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
+    return TilePlan((rows, cols), expr, footprint, capacity, footprint <= capacity)
+
+
+def _plan_cube_tile(ops, graph, hw, buffering, domain) -> TilePlan:
+    matmul = next(op for op in ops if op.kind is OpKind.MATMUL)
+    itemsize = matmul.out.itemsize
+    epilogue = [spec for spec in _buffers(ops, graph) if spec.shape == domain.shape]
+    expr = (buffering * itemsize * (TILE_M * TILE_K + TILE_K * TILE_N)
+            + TILE_M * TILE_N * 4  # fp32 accumulator
+            + buffering * TILE_M * TILE_N * sum(s.itemsize for s in epilogue))
+    capacity = hw.cube_capacity_bytes
+    a_shape = graph.specs[matmul.args[0]].shape
+    m, n, k = (graph.hint(a_shape[-2]), graph.hint(domain.shape[-1]), graph.hint(a_shape[-1]))
+    hinted = expr.subs(graph.size_hints)
+    for tm, tn, tk in _CUBE_CHOICES:
+        tm, tn, tk = min(tm, m), min(tn, n), min(tk, k)  # never larger than the problem
+        footprint = int(hinted.subs({TILE_M: tm, TILE_N: tn, TILE_K: tk}))
+        if footprint <= capacity:
+            break
+    return TilePlan((tm, tn, tk), expr, footprint, capacity, footprint <= capacity)

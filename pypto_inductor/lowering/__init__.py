@@ -1,0 +1,10 @@
+"""ATen FX graph -> TileGraph. Importing this package registers every lowering."""
+from . import layout, matmul, pointwise, reduction  # noqa: F401  (registration)
+from .decompositions import decomposition_table
+from .graph import GraphNotLowerable, LoweringContext, lower_graph
+from .registry import LOWERINGS, Unsupported, lowered_op_names, register_lowering
+
+__all__ = [
+    "GraphNotLowerable", "LOWERINGS", "LoweringContext", "Unsupported",
+    "decomposition_table", "lower_graph", "lowered_op_names", "register_lowering",
+]

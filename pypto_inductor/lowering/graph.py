@@ -1,0 +1,269 @@
+"""ATen FX graph -> TileGraph.
+
+Each call_function node goes through its registered lowering; anything without
+one (or whose lowering raises Unsupported, or that the user forced to eager)
+becomes an ExternOp. Sizes stay sympy expressions taken from the FakeTensor
+metadata: nothing here turns a symbolic size into a Python int.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.utils._pytree import tree_map
+
+from ..config import Config
+from ..ir import ExternOp, OpKind, SymSpec, TensorSpec, TileGraph, TileOp, ValueRef, op_name
+from .registry import LOWERINGS, Unsupported
+
+SUPPORTED_DTYPES = {
+    torch.float32, torch.float16, torch.bfloat16, torch.float64,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+}
+
+# Calls whose result must not be computed by a kernel of ours.
+_NONDETERMINISTIC_TAG = torch.Tag.nondeterministic_seeded
+
+
+class GraphNotLowerable(Exception):
+    """The whole graph must run eagerly (e.g. a size symbol we cannot bind)."""
+
+
+def sym_expr(x: Any) -> Any:
+    """sympy expression for an int or SymInt; other values unchanged."""
+    if isinstance(x, torch.SymInt):
+        return x.node.expr
+    if isinstance(x, int) and not isinstance(x, bool):
+        return sympy.Integer(x)
+    if isinstance(x, (torch.SymFloat, torch.SymBool)):
+        return x.node.expr
+    return x
+
+
+def spec_of(val: Any) -> TensorSpec | SymSpec | None:
+    if isinstance(val, torch.Tensor):
+        return TensorSpec(
+            tuple(sym_expr(s) for s in val.shape),
+            tuple(sym_expr(s) for s in val.stride()),
+            val.dtype,
+        )
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        return SymSpec(sym_expr(val))
+    return None
+
+
+def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
+    strides, acc = [], sympy.Integer(1)
+    for size in reversed(shape):
+        strides.append(acc)
+        acc = acc * size
+    return tuple(reversed(strides))
+
+
+class LoweringContext:
+    """What a lowering function sees: emit() tile ops and look up value specs."""
+
+    def __init__(self, graph: TileGraph):
+        self.graph = graph
+        self.node: fx.Node | None = None
+        self._count = 0
+
+    def spec(self, name: str) -> TensorSpec:
+        return self.graph.specs[name]
+
+    @property
+    def aten_name(self) -> str:
+        """The ATen op being lowered without namespace or overload, e.g. "add"."""
+        return self.node.target.overloadpacket.__name__
+
+    @property
+    def out_spec(self) -> TensorSpec:
+        return spec_of(self.node.meta["val"])
+
+    def new_spec(self, shape, dtype) -> TensorSpec:
+        shape = tuple(sym_expr(s) for s in shape)
+        return TensorSpec(shape, contiguous_strides(shape), dtype)
+
+    def fresh(self, base: str) -> str:
+        self._count += 1
+        return f"{base}_t{self._count}"
+
+    def emit(self, op: str, kind: OpKind, args, out: TensorSpec | None = None,
+             name: str | None = None, **attrs) -> str:
+        out = out or self.out_spec
+        name = name or self.fresh(self.node.name)
+        self.graph.specs[name] = out
+        self.graph.nodes.append(
+            TileOp(name, op, kind, tuple(args), out, attrs, op_name(self.node.target))
+        )
+        return name
+
+    def pointwise(self, op: str, args, out: TensorSpec | None = None, **attrs) -> str:
+        """An elementwise op; its kind is BROADCAST when an operand is broadcast."""
+        out = out or self.out_spec
+        broadcast = any(isinstance(a, str) and self.spec(a).shape != out.shape for a in args)
+        kind = OpKind.BROADCAST if broadcast else OpKind.ELEMENTWISE
+        return self.emit(op, kind, args, out, **attrs)
+
+
+def _bind_symbols(graph: TileGraph, placeholders: list[fx.Node]) -> list[tuple[int, int | None]]:
+    """For each size symbol, where to read it at run time: (arg index, dim or None)."""
+    found: dict[sympy.Symbol, tuple[int, int | None]] = {}
+    for i, ph in enumerate(placeholders):
+        spec = graph.specs[graph.inputs[i]]
+        if isinstance(spec, SymSpec) and isinstance(spec.expr, sympy.Symbol):
+            found.setdefault(spec.expr, (i, None))
+        elif isinstance(spec, TensorSpec):
+            for d, size in enumerate(spec.shape):
+                if isinstance(size, sympy.Symbol):
+                    found.setdefault(size, (i, d))
+    return found
+
+
+def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> TileGraph:
+    graph = TileGraph(name=name, inputs=[], specs={}, nodes=[], outputs=[], size_hints={})
+    ctx = LoweringContext(graph)
+    env: dict[fx.Node, Any] = {}  # fx node -> value name, tuple of names, or sympy expr
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            spec = spec_of(val)
+            if spec is None:
+                raise GraphNotLowerable(f"input {node.name} is neither a tensor nor a size")
+            graph.inputs.append(node.name)
+            graph.specs[node.name] = spec
+            env[node] = node.name if isinstance(spec, TensorSpec) else spec.expr
+        elif node.op == "call_function":
+            env[node] = _lower_node(ctx, node, env, config)
+        elif node.op == "output":
+            graph.outputs = [_output_value(env, o) for o in node.args[0]]
+        else:
+            raise GraphNotLowerable(f"unexpected FX node kind {node.op!r}")
+
+    bindings = _bind_symbols(graph, placeholders)
+    free = set()
+    for spec in graph.specs.values():
+        exprs = spec.shape + spec.stride if isinstance(spec, TensorSpec) else (spec.expr,)
+        for e in exprs:
+            free |= sympy.sympify(e).free_symbols
+    missing = free - set(bindings)
+    if missing:
+        raise GraphNotLowerable(f"size symbols {sorted(map(str, missing))} are not input sizes")
+    graph.symbol_bindings = dict(sorted(bindings.items(), key=lambda kv: kv[0].name))
+    graph.size_hints = _size_hints(gm, graph.symbol_bindings)
+    return graph
+
+
+def _size_hints(gm: fx.GraphModule, bindings) -> dict[sympy.Symbol, int]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    hints = {}
+    for sym, (i, d) in bindings.items():
+        val = placeholders[i].meta["val"]
+        size = val if d is None else val.shape[d]
+        hints[sym] = int(optimization_hint(size))
+    return hints
+
+
+def _output_value(env, o):
+    if o is None:
+        return None
+    if isinstance(o, fx.Node):
+        return env[o]
+    return sym_expr(o)
+
+
+def _lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
+    target = node.target
+    if target is operator.getitem:
+        base, index = node.args
+        return env[base][index]
+    val = node.meta.get("val")
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        return sym_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+    if not isinstance(target, torch._ops.OpOverload):
+        return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
+
+    reason = _why_extern(node, target, config)
+    if reason is None:
+        args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else sym_expr(a), node.args)
+        kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else sym_expr(a),
+                          dict(node.kwargs))
+        mark = len(ctx.graph.nodes)
+        ctx.node = node
+        try:
+            return _name_result(ctx, mark, node, LOWERINGS[target](ctx, *args, **kwargs))
+        except Unsupported as e:
+            del ctx.graph.nodes[mark:]
+            reason = str(e)
+    return _extern(ctx, node, env, reason)
+
+
+def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
+    """Name the op defining a node's single result after the node (readable IR)."""
+    new_ops = ctx.graph.nodes[mark:]
+    if not (isinstance(result, str) and new_ops and new_ops[-1].name == result):
+        return result
+    if node.name in ctx.graph.specs:
+        return result
+    op = new_ops[-1]
+    ctx.graph.specs[node.name] = ctx.graph.specs.pop(op.name)
+    op.name = node.name
+    return node.name
+
+
+def _why_extern(node: fx.Node, target, config: Config) -> str | None:
+    name = op_name(target)
+    if config.forced_fallback(name):
+        return "forced by fallback_ops"
+    if _NONDETERMINISTIC_TAG in target.tags:
+        return "random op: runs eagerly so results match PyTorch's generator"
+    if target not in LOWERINGS:
+        return "no lowering registered"
+    for v in _tensor_vals(node):
+        if v.dtype not in SUPPORTED_DTYPES:
+            return f"dtype {v.dtype} not supported"
+    return None
+
+
+def _tensor_vals(node: fx.Node):
+    vals = [node.meta.get("val")]
+    vals += [a.meta.get("val") for a in node.all_input_nodes]
+    for v in vals:
+        for leaf in torch.utils._pytree.tree_leaves(v):
+            if isinstance(leaf, torch.Tensor):
+                yield leaf
+
+
+def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
+    graph = ctx.graph
+
+    def ref(a):
+        if isinstance(a, fx.Node):
+            v = env[a]
+            return ValueRef(v) if isinstance(v, str) else v
+        return sym_expr(a)
+
+    args = tree_map(ref, node.args)
+    kwargs = tree_map(ref, dict(node.kwargs))
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        outputs = [f"{node.name}_{i}" if isinstance(v, torch.Tensor) else None
+                   for i, v in enumerate(val)]
+        specs = [spec_of(v) if isinstance(v, torch.Tensor) else None for v in val]
+        tuple_result = True
+    else:
+        outputs = [node.name] if isinstance(val, torch.Tensor) else [None]
+        specs = [spec_of(val)] if isinstance(val, torch.Tensor) else [None]
+        tuple_result = False
+    for o, s in zip(outputs, specs):
+        if o:
+            graph.specs[o] = s
+    graph.nodes.append(ExternOp(node.name, node.target, args, kwargs, outputs, specs,
+                                reason, tuple_result))
+    return tuple(outputs) if tuple_result else outputs[0]

@@ -1,0 +1,114 @@
+"""Layout lowerings: views (run zero-copy) and cat (materialises).
+
+Every shape attribute is a tuple of sympy expressions; views never turn a
+symbolic size into an int.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir import OpKind
+from .registry import Unsupported, register_lowering
+
+aten = torch.ops.aten
+
+
+def _view(ctx, op, x, **attrs):
+    return ctx.emit(op, OpKind.LAYOUT, (x,), **attrs)
+
+
+@register_lowering(aten.view, aten._unsafe_view, aten.reshape)
+def lower_view(ctx, x, shape):
+    return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+
+
+@register_lowering(aten.unsqueeze, aten.squeeze, aten.alias, aten.flatten, aten.unflatten)
+def lower_reshape_like(ctx, x, *args, **kwargs):
+    return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+
+
+@register_lowering(aten.permute)
+def lower_permute(ctx, x, dims):
+    ndim = len(ctx.spec(x).shape)
+    return _view(ctx, "permute", x, dims=tuple(int(d) % ndim for d in dims))
+
+
+@register_lowering(aten.transpose, aten.t)
+def lower_transpose(ctx, x, dim0=0, dim1=1):
+    ndim = len(ctx.spec(x).shape)
+    dims = list(range(ndim))
+    if ndim >= 2:
+        d0, d1 = int(dim0) % ndim, int(dim1) % ndim
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+    return _view(ctx, "permute", x, dims=tuple(dims))
+
+
+@register_lowering(aten.expand)
+def lower_expand(ctx, x, shape, implicit=False):
+    return _view(ctx, "expand", x, shape=ctx.out_spec.shape)
+
+
+@register_lowering(aten.slice.Tensor)
+def lower_slice(ctx, x, dim=0, start=None, end=None, step=1):
+    in_shape = ctx.spec(x).shape
+    dim = int(dim) % len(in_shape)
+    size = in_shape[dim]
+    start = sympy.Integer(0) if start is None else start
+    if int(step) <= 0:
+        raise Unsupported("slice with a non-positive step")
+    start = _clamp_index(start, size)
+    # The output length is known from the metadata; keep start and length symbolic.
+    return _view(ctx, "slice", x, dim=dim, start=start, length=ctx.out_spec.shape[dim],
+                 step=int(step))
+
+
+def _clamp_index(index, size):
+    if isinstance(index, (int, sympy.Integer)) and int(index) < 0:
+        return sympy.Max(size + index, 0)
+    if isinstance(index, (int, sympy.Integer)) and not isinstance(size, sympy.Integer):
+        return sympy.Min(index, size)
+    if isinstance(index, (int, sympy.Integer)):
+        return sympy.Integer(min(int(index), int(size)))
+    return index
+
+
+@register_lowering(aten.select.int)
+def lower_select(ctx, x, dim, index):
+    in_shape = ctx.spec(x).shape
+    dim = int(dim) % len(in_shape)
+    if isinstance(index, (int, sympy.Integer)) and int(index) < 0:
+        index = in_shape[dim] + index
+    return _view(ctx, "select", x, dim=dim, index=index)
+
+
+@register_lowering(aten.split.Tensor, aten.split_with_sizes)
+def lower_split(ctx, x, split, dim=0):
+    in_shape = ctx.spec(x).shape
+    dim = int(dim) % len(in_shape)
+    outs, start = [], sympy.Integer(0)
+    for val in ctx.node.meta["val"]:
+        spec = ctx.new_spec(val.shape, val.dtype)
+        length = spec.shape[dim]
+        outs.append(_view(ctx, "slice", x, out=spec, dim=dim, start=start, length=length, step=1))
+        start = start + length
+    return tuple(outs)
+
+
+@register_lowering(aten.unbind)
+def lower_unbind(ctx, x, dim=0):
+    in_shape = ctx.spec(x).shape
+    dim = int(dim) % len(in_shape)
+    return tuple(
+        _view(ctx, "select", x, out=ctx.new_spec(v.shape, v.dtype), dim=dim, index=i)
+        for i, v in enumerate(ctx.node.meta["val"])
+    )
+
+
+@register_lowering(aten.cat)
+def lower_cat(ctx, tensors, dim=0):
+    out = ctx.out_spec
+    parts = [t for t in tensors if ctx.spec(t).shape != (0,)]  # legacy empty inputs
+    if any(ctx.spec(t).dtype != out.dtype for t in parts):
+        raise Unsupported("cat of mixed dtypes")
+    return ctx.emit("cat", OpKind.LAYOUT, tuple(parts), dim=int(dim) % len(out.shape))

@@ -1,0 +1,134 @@
+"""Elementwise, broadcast and cast lowerings: one tile op per ATen call."""
+from __future__ import annotations
+
+import torch
+
+from ..ir import OpKind
+from .registry import Unsupported, register_lowering
+
+aten = torch.ops.aten
+
+# ATen op -> canonical tile op, unary (x) -> y.
+UNARY = {
+    aten.abs: "abs", aten.neg: "neg", aten.exp: "exp", aten.exp2: "exp2",
+    aten.expm1: "expm1", aten.log: "log", aten.log1p: "log1p", aten.log2: "log2",
+    aten.log10: "log10", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.sin: "sin",
+    aten.cos: "cos", aten.tan: "tan", aten.tanh: "tanh", aten.asin: "asin",
+    aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh",
+    aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh",
+    aten.sigmoid: "sigmoid", aten.relu: "relu", aten.silu: "silu", aten.erf: "erf",
+    aten.erfc: "erfc", aten.reciprocal: "reciprocal", aten.floor: "floor",
+    aten.ceil: "ceil", aten.round: "round", aten.trunc: "trunc", aten.frac: "frac",
+    aten.sign: "sign", aten.sgn: "sign", aten.logical_not: "logical_not",
+    aten.bitwise_not: "bitwise_not", aten.isnan: "isnan", aten.isinf: "isinf",
+    aten.hardswish: "hardswish", aten.hardsigmoid: "hardsigmoid", aten.mish: "mish",
+}
+
+# ATen op -> canonical tile op, binary (a, b) -> y; either operand may be a scalar.
+BINARY = {
+    aten.mul: "mul", aten.div: "div", aten.pow: "pow", aten.maximum: "maximum",
+    aten.minimum: "minimum", aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le",
+    aten.gt: "gt", aten.ge: "ge", aten.logical_and: "logical_and",
+    aten.logical_or: "logical_or", aten.logical_xor: "logical_xor",
+    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+    aten.bitwise_xor: "bitwise_xor", aten.atan2: "atan2", aten.remainder: "remainder",
+    aten.fmod: "fmod", aten.copysign: "copysign", aten.fmax: "fmax", aten.fmin: "fmin",
+    aten.hypot: "hypot",
+}
+
+
+def _register_table(table: dict, arity: int) -> None:
+    for aten_op, tile_op in table.items():
+        def lower(ctx, *args, _op=tile_op, **kwargs):
+            if arity == 2 and set(kwargs) == {"rounding_mode"}:
+                return ctx.pointwise(_op, args[:2], rounding_mode=kwargs["rounding_mode"])
+            if kwargs or len(args) != arity:
+                raise Unsupported(f"{_op} with arguments {sorted(kwargs)} has no tile form")
+            return ctx.pointwise(_op, args)
+        register_lowering(aten_op)(lower)
+
+
+_register_table(UNARY, 1)
+_register_table(BINARY, 2)
+
+
+@register_lowering(aten.add, aten.sub)
+def lower_add_sub(ctx, a, b, alpha=1):
+    op = ctx.aten_name  # "add" or "sub"
+    if alpha != 1:
+        b = ctx.pointwise("mul", (b, alpha), out=ctx.spec(b) if isinstance(b, str) else None)
+    return ctx.pointwise(op, (a, b))
+
+
+@register_lowering(aten.rsub)
+def lower_rsub(ctx, a, b, alpha=1):
+    if alpha != 1:
+        raise Unsupported("rsub with alpha != 1")
+    return ctx.pointwise("sub", (b, a))
+
+
+@register_lowering(aten.gelu)
+def lower_gelu(ctx, x, approximate="none"):
+    return ctx.pointwise("gelu", (x,), approximate=approximate)
+
+
+@register_lowering(aten.leaky_relu)
+def lower_leaky_relu(ctx, x, negative_slope=0.01):
+    return ctx.pointwise("leaky_relu", (x,), negative_slope=float(negative_slope))
+
+
+@register_lowering(aten.hardtanh)
+def lower_hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    return ctx.pointwise("clamp", (x,), min=min_val, max=max_val)
+
+
+@register_lowering(aten.softplus)
+def lower_softplus(ctx, x, beta=1, threshold=20):
+    return ctx.pointwise("softplus", (x,), beta=beta, threshold=threshold)
+
+
+@register_lowering(aten.elu)
+def lower_elu(ctx, x, alpha=1, scale=1, input_scale=1):
+    return ctx.pointwise("elu", (x,), alpha=alpha, scale=scale, input_scale=input_scale)
+
+
+@register_lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
+def lower_clamp(ctx, x, min=None, max=None):
+    if ctx.aten_name == "clamp_max":
+        min, max = None, min
+    if isinstance(min, str) or isinstance(max, str):
+        raise Unsupported("clamp with tensor bounds")
+    return ctx.pointwise("clamp", (x,), min=min, max=max)
+
+
+@register_lowering(aten.where)
+def lower_where(ctx, cond, a, b):
+    return ctx.pointwise("where", (cond, a, b))
+
+
+@register_lowering(aten.clone)
+def lower_clone(ctx, x, memory_format=None):
+    return ctx.pointwise("copy", (x,))
+
+
+@register_lowering(aten._to_copy, torch.ops.prims.convert_element_type)
+def lower_cast(ctx, x, dtype=None, layout=None, device=None, pin_memory=None,
+               non_blocking=False, memory_format=None):
+    out = ctx.out_spec
+    if device is not None and torch.device(device) != torch.device("cpu") \
+            and out.dtype == ctx.spec(x).dtype:
+        raise Unsupported("device copy")
+    if out.dtype == ctx.spec(x).dtype:
+        return ctx.pointwise("copy", (x,))
+    return ctx.emit("cast", OpKind.CAST, (x,), dtype=out.dtype)
+
+
+@register_lowering(aten.full, aten.scalar_tensor)
+def lower_full(ctx, *args, **kwargs):
+    value = args[-1] if len(args) in (1, 2) else kwargs.get("fill_value")
+    return ctx.emit("full", OpKind.ELEMENTWISE, (), value=value, dtype=ctx.out_spec.dtype)
+
+
+@register_lowering(aten.full_like)
+def lower_full_like(ctx, x, fill_value, **kwargs):
+    return ctx.emit("full", OpKind.ELEMENTWISE, (), value=fill_value, dtype=ctx.out_spec.dtype)

@@ -1,0 +1,86 @@
+"""Reductions and reduction + epilogue ops (softmax, log_softmax).
+
+Every reduction tile op carries ``dims`` (sorted, non-negative) and ``keepdim``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import OpKind
+from .registry import Unsupported, register_lowering
+
+aten = torch.ops.aten
+
+
+def normalize_dims(dims, ndim: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted({int(d) % max(ndim, 1) for d in dims}))
+
+
+def _reduce(ctx, op, x, dims, keepdim, **attrs):
+    ndim = len(ctx.spec(x).shape)
+    return ctx.emit(op, OpKind.REDUCTION, (x,), dims=normalize_dims(dims, ndim),
+                    keepdim=bool(keepdim), **attrs)
+
+
+@register_lowering(aten.sum, aten.mean, aten.prod)
+def lower_sum_mean(ctx, x, dims=None, keepdim=False, dtype=None):
+    if ctx.aten_name == "prod" and isinstance(dims, (list, tuple)):
+        raise Unsupported("prod over a dim list")
+    if isinstance(dims, torch.dtype):  # sum.default(x, dtype)
+        dims, dtype = None, dims
+    return _reduce(ctx, ctx.aten_name, x, dims, keepdim, dtype=ctx.out_spec.dtype)
+
+
+@register_lowering(aten.amax, aten.amin, aten.logsumexp)
+def lower_amax(ctx, x, dims=(), keepdim=False):
+    return _reduce(ctx, ctx.aten_name, x, dims, keepdim)
+
+
+@register_lowering(aten.any, aten.all)
+def lower_any_all(ctx, x, dims=None, keepdim=False):
+    return _reduce(ctx, ctx.aten_name, x, dims, keepdim)
+
+
+@register_lowering(aten.argmax, aten.argmin)
+def lower_argmax(ctx, x, dim=None, keepdim=False):
+    if dim is None:
+        if len(ctx.spec(x).shape) > 1:
+            raise Unsupported("argmax over a flattened tensor")
+        dim = 0
+    return _reduce(ctx, ctx.aten_name, x, dim, keepdim)
+
+
+@register_lowering(aten.max.dim, aten.min.dim)
+def lower_max_dim(ctx, x, dim, keepdim=False):
+    value_op, index_op = ("amax", "argmax") if ctx.aten_name == "max" else ("amin", "argmin")
+    vals, idx = ctx.node.meta["val"]
+    values = _reduce(ctx, value_op, x, dim, keepdim, out=ctx.new_spec(vals.shape, vals.dtype))
+    return values, _reduce(ctx, index_op, x, dim, keepdim, out=ctx.new_spec(idx.shape, idx.dtype))
+
+
+@register_lowering(aten.var, aten.std, aten.var_mean, aten.std_mean)
+def lower_var(ctx, x, dims=None, *, correction=None, keepdim=False, unbiased=None):
+    if isinstance(dims, bool):  # var.default(x, unbiased)
+        dims, unbiased = None, dims
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    spread = "std" if ctx.aten_name.startswith("std") else "var"
+    val = ctx.node.meta["val"]
+    if not ctx.aten_name.endswith("_mean"):
+        return _reduce(ctx, spread, x, dims, keepdim, correction=float(correction))
+    out = ctx.new_spec(val[0].shape, val[0].dtype)
+    var = _reduce(ctx, spread, x, dims, keepdim, out=out, correction=float(correction))
+    mean = _reduce(ctx, "mean", x, dims, keepdim, out=out, dtype=out.dtype)
+    return var, mean
+
+
+@register_lowering(aten._softmax, aten._log_softmax)
+def lower_softmax(ctx, x, dim, half_to_float=False):
+    ndim = len(ctx.spec(x).shape)
+    op = "softmax" if ctx.aten_name == "_softmax" else "log_softmax"
+    return ctx.emit(op, OpKind.REDUCTION, (x,), dims=normalize_dims(dim, ndim), keepdim=True,
+                    dtype=ctx.out_spec.dtype)

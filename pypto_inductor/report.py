@@ -1,0 +1,248 @@
+"""FusionReport: what was fused, what was not, and why, per compiled graph.
+
+``pypto_inductor.report(model, *inputs)`` compiles through the backend and
+returns one; with ``options={"report_path": p}`` torch.compile writes it too.
+"""
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+
+from .config import Config, parse_options
+
+
+class GraphReport:
+    """The report of one compiled graph: its plan and what happened at build time."""
+
+    def __init__(self, name: str, plan=None, compiled=None, eager_reason: str | None = None,
+                 num_ops: int = 0, target: str = "", hardware=None):
+        self.name = name
+        self.plan = plan
+        self.compiled = compiled
+        self.eager_reason = eager_reason
+        self._num_ops = num_ops
+        self.target = target or (compiled.config.target if compiled else "")
+        self.hardware = hardware or (plan.hardware if plan else None)
+
+    @classmethod
+    def eager(cls, name: str, reason: str, gm) -> "GraphReport":
+        ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        return cls(name, eager_reason=reason, num_ops=ops)
+
+    def to_dict(self) -> dict:
+        if self.plan is None:
+            return {"name": self.name, "num_ops": self._num_ops, "eager_reason": self.eager_reason,
+                    "fallback_ops": {}, "fusion_tiles": [], "decisions": [],
+                    "kernels_unfused": 0, "kernels_fused": 0}
+        from .runtime import extern_op_counts
+
+        plan, graph = self.plan, self.plan.graph
+        measured = self.compiled.measured_us() if self.compiled else {}
+        fallbacks = self.compiled.kernel_fallbacks if self.compiled else {}
+        tiles = []
+        for tile in plan.tiles:
+            entry = {
+                "name": tile.name,
+                "ops": [op.name for op in tile.ops],
+                "op_kinds": [op.op for op in tile.ops],
+                "kind": tile.kind.value,
+                "dtype": tile.dtype,
+                "tile_shape": list(tile.tile_shape),
+                "footprint_bytes": int(tile.footprint_bytes),
+                "footprint_expr": str(tile.footprint_expr),
+                "capacity_bytes": int(tile.capacity_bytes),
+                "gm_bytes": int(tile.gm_bytes),
+                "predicted_us": round(tile.predicted_us, 3),
+                "kernel_fallback": fallbacks.get(tile.name),
+            }
+            if tile.name in measured:
+                entry["measured_us"] = round(measured[tile.name], 3)
+            tiles.append(entry)
+        return {
+            "name": self.name,
+            "num_ops": len(graph.nodes),
+            "fallback_ops": extern_op_counts(plan),
+            "extern_reasons": {n.name: f"{n.op_name}: {n.reason}" for n in plan.externs},
+            "fusion_tiles": tiles,
+            "decisions": [d.to_dict() for d in plan.decisions],
+            "kernels_unfused": plan.unfused_cost["kernels"],
+            "kernels_fused": len(plan.tiles),
+            "gm_bytes_unfused": plan.unfused_cost["gm_bytes"],
+            "gm_bytes_fused": sum(t.gm_bytes for t in plan.tiles),
+            "predicted_us_unfused": round(plan.unfused_cost["time_us"], 3),
+            "predicted_us_fused": round(sum(t.predicted_us for t in plan.tiles), 3),
+        }
+
+
+class FusionReport:
+    """The fusion ROI report of every graph compiled for one model."""
+
+    def __init__(self, graphs: list[GraphReport] | None = None, target: str = "cpu",
+                 hardware=None):
+        self.graphs = list(graphs or [])
+        self.target = target
+        self.hardware = hardware
+
+    def to_dict(self) -> dict:
+        graphs = [g.to_dict() for g in self.graphs]
+        unfused_us = sum(g.get("predicted_us_unfused", 0) for g in graphs)
+        fused_us = sum(g.get("predicted_us_fused", 0) for g in graphs)
+        hw = self.hardware or next((g.hardware for g in self.graphs if g.hardware), None)
+        summary = {
+            "kernels_unfused": sum(g["kernels_unfused"] for g in graphs),
+            "kernels_fused": sum(g["kernels_fused"] for g in graphs),
+            "gm_bytes_unfused": sum(g.get("gm_bytes_unfused", 0) for g in graphs),
+            "gm_bytes_fused": sum(g.get("gm_bytes_fused", 0) for g in graphs),
+            "predicted_speedup": round(unfused_us / fused_us, 3) if fused_us else 1.0,
+            "fallback_op_count": sum(sum(g["fallback_ops"].values()) for g in graphs),
+            "eager_graphs": sum(1 for g in graphs if g.get("eager_reason")),
+        }
+        measured = [t.get("measured_us") for g in graphs for t in g["fusion_tiles"]]
+        if measured and all(m is not None for m in measured):
+            summary["measured_us_fused"] = round(sum(measured), 3)
+        return {
+            "target": self.target,
+            "hardware": hw.to_dict() if hw else {"name": None, "capacity_bytes": None},
+            "graphs": graphs,
+            "summary": summary,
+        }
+
+    def __str__(self) -> str:
+        d = self.to_dict()
+        hw = d["hardware"]
+        lines = [f"pypto fusion report: target={d['target']} hardware={hw['name']} "
+                 f"capacity={hw['capacity_bytes']} B"]
+        for g in d["graphs"]:
+            lines.append("")
+            if g.get("eager_reason"):
+                lines.append(f"graph {g['name']}: runs eagerly ({g['eager_reason']})")
+                continue
+            lines.append(f"graph {g['name']}: {g['num_ops']} ops -> {g['kernels_fused']} kernels "
+                         f"(unfused {g['kernels_unfused']}), GM bytes {g['gm_bytes_unfused']} -> "
+                         f"{g['gm_bytes_fused']}")
+            rows = [[t["name"], " ".join(t["op_kinds"]), t["dtype"],
+                     "x".join(map(str, t["tile_shape"])), t["footprint_bytes"],
+                     t["predicted_us"], t.get("measured_us", "")] for t in g["fusion_tiles"]]
+            lines.append(tabulate(rows, headers=["kernel", "ops", "dtype", "tile", "footprint B",
+                                                 "pred us", "meas us"], maxcolwidths=[None, 50]))
+            rejected = [x for x in g["decisions"] if not x["fused"]]
+            if rejected:
+                lines.append("not fused:")
+                rows = [[x["producer"], x["consumer"], x["reason"],
+                         x["roi"]["roi_score"] if x["roi"] else ""] for x in rejected]
+                lines.append(tabulate(rows, headers=["producer", "consumer", "reason", "roi"],
+                                      maxcolwidths=[None, None, 70]))
+            if g["fallback_ops"]:
+                lines.append("eager ops: " + ", ".join(f"{k} x{v}" for k, v in g["fallback_ops"].items()))
+        s = d["summary"]
+        lines += ["", "summary: " + ", ".join(f"{k}={v}" for k, v in s.items())]
+        return "\n".join(lines)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".json":
+            path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        elif path.suffix in (".html", ".htm"):
+            path.write_text(_html(self))
+        else:
+            raise ValueError(f"report path must end in .json or .html, got {path.name!r}")
+        return path
+
+
+def _html(report: FusionReport) -> str:
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>pypto fusion report</title>",
+             "<style>body{font-family:sans-serif}table{border-collapse:collapse;margin:8px 0}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
+             ".no{color:#a33}.yes{color:#262}</style></head><body>",
+             "<h1>pypto fusion report</h1>", f"<pre>{esc(str(report).splitlines()[0])}</pre>"]
+    d = report.to_dict()
+    for g in d["graphs"]:
+        parts.append(f"<h2>{esc(g['name'])}</h2>")
+        if g.get("eager_reason"):
+            parts.append(f"<p>runs eagerly: {esc(g['eager_reason'])}</p>")
+            continue
+        parts.append("<table><tr><th>kernel</th><th>ops</th><th>dtype</th><th>tile</th>"
+                     "<th>footprint</th><th>predicted us</th><th>measured us</th></tr>")
+        for t in g["fusion_tiles"]:
+            cells = [t["name"], " ".join(t["op_kinds"]), t["dtype"],
+                     "x".join(map(str, t["tile_shape"])),
+                     f"{t['footprint_bytes']} B = {t['footprint_expr']}", t["predicted_us"],
+                     t.get("measured_us", "")]
+            parts.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
+        parts.append("</table><table><tr><th>producer</th><th>consumer</th><th>fused</th>"
+                     "<th>reason</th><th>roi</th></tr>")
+        for x in g["decisions"]:
+            cls = "yes" if x["fused"] else "no"
+            roi = json.dumps(x["roi"]) if x["roi"] else ""
+            parts.append(f"<tr class='{cls}'><td>{esc(x['producer'])}</td><td>{esc(x['consumer'])}"
+                         f"</td><td>{x['fused']}</td><td>{esc(x['reason'])}</td>"
+                         f"<td>{esc(roi)}</td></tr>")
+        parts.append("</table>")
+    parts.append(f"<h2>summary</h2><pre>{esc(json.dumps(d['summary'], indent=2))}</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# --- collecting reports while compiling ----------------------------------------------
+_ACTIVE: list[list[GraphReport]] = []  # report() calls in progress
+_BY_PATH: dict[str, FusionReport] = {}  # report_path -> the report written there
+
+
+def publish(graph_report: GraphReport, config: Config) -> None:
+    """Called by the backend for every compiled graph."""
+    graph_report.target = config.target
+    for sink in _ACTIVE:
+        sink.append(graph_report)
+    if config.report_path:
+        rep = _BY_PATH.setdefault(config.report_path, FusionReport(target=config.target))
+        rep.graphs.append(graph_report)
+        rep.save(config.report_path)
+
+
+@contextlib.contextmanager
+def collect():
+    sink: list[GraphReport] = []
+    _ACTIVE.append(sink)
+    try:
+        yield sink
+    finally:
+        _ACTIVE.remove(sink)
+
+
+def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
+           backward: bool = False, dynamic: bool | None = None) -> FusionReport:
+    """Compile ``model_or_fn`` through the pypto backend and return its FusionReport.
+
+    With ``backward=True`` the backward graph is compiled too (gradients of the
+    outputs' sum are computed with torch.autograd.grad and not accumulated).
+    """
+    from .backend import pypto_backend
+    from .hardware import get_hardware
+
+    config = parse_options(options)
+    torch._dynamo.reset()  # a report always reflects a fresh compile with these options
+    compiled = torch.compile(model_or_fn, dynamic=dynamic,
+                             backend=lambda gm, ex: pypto_backend(gm, ex, options=config))
+    with collect() as graphs:
+        out = compiled(*example_inputs)
+        if backward:
+            outs = [o for o in torch.utils._pytree.tree_leaves(out)
+                    if isinstance(o, torch.Tensor) and o.requires_grad]
+            params = [p for p in _parameters(model_or_fn) if p.requires_grad]
+            params += [x for x in example_inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+            if outs and params:
+                torch.autograd.grad(sum(o.float().sum() for o in outs), params, allow_unused=True)
+    hw = get_hardware(config.hardware_name, config.capacity_bytes)
+    return FusionReport(graphs, target=config.target, hardware=hw)
+
+
+def _parameters(model_or_fn):
+    return list(model_or_fn.parameters()) if isinstance(model_or_fn, torch.nn.Module) else []

@@ -1,0 +1,171 @@
+"""CompiledGraph: the callable AOTAutograd gets back.
+
+It runs the plan's steps in order (one call per FusionTile kernel, views
+zero-copy, extern ATen ops eagerly), keeping values in a flat list of slots and
+dropping each intermediate after its last use. Sizes are read from the inputs
+and size expressions are precompiled Python, so no sympy runs per call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .codegen import reference
+from .codegen.sizes import is_symbolic, resolve_static, size_function
+from .config import Config
+from .fusion import FusionPlan
+from .ir import ExternOp, FusionTile, TileOp, ValueRef, op_name
+
+
+class KernelBuildError(RuntimeError):
+    """A FusionTile's kernel could not be built (raised only with fallback='error')."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Operand:  # a pytree leaf: the extern call's index-th tensor operand
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Size:  # a pytree leaf: a size expression evaluated per call
+    fn: Callable
+
+
+class CompiledGraph:
+    """Runs a FusionPlan; called as ``compiled(*args)``."""
+
+    def __init__(self, plan: FusionPlan, target, config: Config):
+        self.plan = plan
+        self.config = config
+        graph = plan.graph
+        self.bindings = list(graph.symbol_bindings.values())
+        self.slot: dict[str, int] = {}
+        for name in graph.inputs:
+            self.slot[name] = len(self.slot)
+        self.num_inputs = len(graph.inputs)
+        self.kernel_fallbacks: dict[str, str] = {}  # tile name -> why it runs eagerly
+        self.timings: dict[str, list[float]] = {}
+        self.program = [self._compile_step(step, target) for step in plan.steps]
+        self._free_after = self._liveness()
+        self._outputs = [self._output_getter(o) for o in graph.outputs]
+
+    # --- build ---------------------------------------------------------------------
+    def _define(self, names) -> list[int]:
+        out = []
+        for name in names:
+            if name is None:
+                out.append(None)
+                continue
+            self.slot[name] = len(self.slot)
+            out.append(self.slot[name])
+        return out
+
+    def _compile_step(self, step, target):
+        graph = self.plan.graph
+        symbols = graph.symbols
+        if isinstance(step, FusionTile):
+            kernel = self._build_kernel(step, target)
+            ins = [self.slot[n] for n in step.inputs]
+            return ("kernel", step.name, kernel, ins, self._define(step.outputs))
+        if isinstance(step, TileOp):  # a view: zero-copy through torch
+            run = reference.op_runner(step, symbols)
+            ins = [self.slot[n] for n in step.inputs]
+            return ("view", step.name, lambda vals, syms, run=run: [run(vals, syms)], ins,
+                    self._define([step.name]))
+        assert isinstance(step, ExternOp)
+        return self._compile_extern(step, symbols)
+
+    def _build_kernel(self, tile: FusionTile, target) -> Callable:
+        graph = self.plan.graph
+        try:
+            return target.build(tile, graph)
+        except Exception as e:  # noqa: BLE001 - any build failure falls back to eager
+            if self.config.fallback == "error":
+                raise KernelBuildError(f"building kernel {tile.name} failed: {e}") from e
+            warnings.warn(f"pypto_inductor: kernel {tile.name} failed to build ({e}); "
+                          "its ops run eagerly", stacklevel=2)
+            self.kernel_fallbacks[tile.name] = f"{type(e).__name__}: {e}"
+            return reference.build(tile, graph)
+
+    def _compile_extern(self, step: ExternOp, symbols):
+        reads: list[int] = []
+
+        def mark(x):
+            if isinstance(x, ValueRef):
+                reads.append(self.slot[x.name])
+                return _Operand(len(reads) - 1)
+            if is_symbolic(x):
+                return _Size(size_function(x, symbols))
+            return resolve_static(x)
+
+        args, kwargs = tree_map(mark, (step.args, step.kwargs))
+        fn, tuple_result = step.fn, step.tuple_result
+
+        def call(vals, syms):
+            def fill(x):
+                if isinstance(x, _Operand):
+                    return vals[x.index]
+                return x.fn(syms) if isinstance(x, _Size) else x
+            result = fn(*tree_map(fill, args), **tree_map(fill, kwargs))
+            return list(result) if tuple_result else [result]
+
+        return ("extern", step.name, call, reads, self._define(step.outputs))
+
+    def _liveness(self) -> list[list[int]]:
+        """For each step, the slots whose last reader it is (graph outputs stay)."""
+        keep = {self.slot[o] for o in self.plan.graph.outputs if isinstance(o, str)}
+        last: dict[int, int] = {}
+        for i, (_, _, _, ins, _) in enumerate(self.program):
+            for s in ins:
+                last[s] = i
+        free: list[list[int]] = [[] for _ in self.program]
+        for s, i in last.items():
+            if s not in keep:
+                free[i].append(s)
+        return free
+
+    def _output_getter(self, o):
+        if o is None:
+            return lambda env, syms: None
+        if isinstance(o, str):
+            s = self.slot[o]
+            return lambda env, syms: env[s]
+        f = size_function(o, self.plan.graph.symbols)
+        return lambda env, syms: f(syms)
+
+    # --- run -----------------------------------------------------------------------
+    def __call__(self, *args) -> list:
+        bindings = self.bindings
+        syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
+        env: list[Any] = list(args) + [None] * (len(self.slot) - self.num_inputs)
+        del args
+        profile = self.config.profile
+        for (kind, name, fn, ins, outs), free in zip(self.program, self._free_after):
+            if profile and kind == "kernel":
+                start = time.perf_counter()
+                results = fn([env[s] for s in ins], syms)
+                self.timings.setdefault(name, []).append((time.perf_counter() - start) * 1e6)
+            else:
+                results = fn([env[s] for s in ins], syms)
+            for s, r in zip(outs, results):
+                if s is not None:
+                    env[s] = r
+            for s in free:
+                env[s] = None
+        return [get(env, syms) for get in self._outputs]
+
+    def measured_us(self) -> dict[str, float]:
+        return {name: statistics.median(t) for name, t in self.timings.items() if t}
+
+
+def extern_op_counts(plan: FusionPlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for step in plan.externs:
+        counts[op_name(step.fn)] = counts.get(op_name(step.fn), 0) + 1
+    return counts
