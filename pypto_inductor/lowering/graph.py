@@ -34,25 +34,26 @@ class GraphNotLowerable(Exception):
 
 
 def sym_expr(x: Any) -> Any:
-    """sympy expression for an int or SymInt; other values unchanged."""
-    if isinstance(x, torch.SymInt):
-        return x.node.expr
-    if isinstance(x, int) and not isinstance(x, bool):
-        return sympy.Integer(x)
-    if isinstance(x, (torch.SymFloat, torch.SymBool)):
+    """The sympy expression of a SymInt/SymFloat; other values unchanged."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return x.node.expr
     return x
+
+
+def size_expr(x: Any) -> sympy.Expr:
+    """A size (int or SymInt) as a sympy expression."""
+    return sympy.sympify(sym_expr(x))
 
 
 def spec_of(val: Any) -> TensorSpec | SymSpec | None:
     if isinstance(val, torch.Tensor):
         return TensorSpec(
-            tuple(sym_expr(s) for s in val.shape),
-            tuple(sym_expr(s) for s in val.stride()),
+            tuple(size_expr(s) for s in val.shape),
+            tuple(size_expr(s) for s in val.stride()),
             val.dtype,
         )
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
-        return SymSpec(sym_expr(val))
+        return SymSpec(size_expr(val))
     return None
 
 
@@ -85,7 +86,7 @@ class LoweringContext:
         return spec_of(self.node.meta["val"])
 
     def new_spec(self, shape, dtype) -> TensorSpec:
-        shape = tuple(sym_expr(s) for s in shape)
+        shape = tuple(size_expr(s) for s in shape)
         return TensorSpec(shape, contiguous_strides(shape), dtype)
 
     def fresh(self, base: str) -> str:
@@ -185,7 +186,7 @@ def _lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
         return env[base][index]
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
-        return sym_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+        return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
     if not isinstance(target, torch._ops.OpOverload):
         return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
 
