@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Union
 
 import sympy
 import torch
@@ -48,7 +48,7 @@ class TensorSpec:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def nbytes(self) -> sympy.Expr:
@@ -89,7 +89,7 @@ class TileOp:
 
     def __str__(self) -> str:
         args = ", ".join(_fmt_operand(a) for a in self.args)
-        attrs = "".join(f", {k}={_fmt_operand(v)}" for k, v in self.attrs.items())
+        attrs = "".join(f", {k}={_fmt_attr(v)}" for k, v in self.attrs.items())
         return f"%{self.name}: {self.out} = {self.op}({args}{attrs})"
 
 
@@ -241,5 +241,5 @@ def _fmt_operand(a: Any) -> str:
     return str(a)
 
 
-def print_nodes(nodes: Sequence[Node]) -> str:
-    return "\n".join(str(n) for n in nodes)
+def _fmt_attr(a: Any) -> str:
+    return repr(a) if isinstance(a, str) else _fmt_operand(a)

@@ -32,26 +32,54 @@ _CUBE_CHOICES = ((256, 128, 256), (128, 128, 128), (128, 64, 128), (64, 64, 64),
 
 @dataclasses.dataclass(frozen=True)
 class Domain:
-    shape: tuple
+    """How a group of ops iterates.
+
+    kind "pointwise": ``numel`` elements in row-major order (shape is one example);
+    "row": ``numel`` rows of ``rnumel`` elements, a reduction over trailing dims;
+    "reduce": a reduction over other dims, exact input ``shape`` and ``reduce_axes``;
+    "matmul": ``numel`` output elements with K streamed.
+    Row-major order is what lets a pointwise op of shape [32, 64] and one of
+    shape [2, 16, 64] (joined by a reshape) share one kernel.
+    """
+
+    kind: str
+    numel: sympy.Expr
+    rnumel: sympy.Expr = sympy.Integer(1)
+    shape: tuple = ()
     reduce_axes: tuple[int, ...] = ()
-    matmul: bool = False
+
+    @property
+    def matmul(self) -> bool:
+        return self.kind == "matmul"
 
     def reduced_shapes(self) -> set[tuple]:
         keep = tuple(1 if i in self.reduce_axes else s for i, s in enumerate(self.shape))
         drop = tuple(s for i, s in enumerate(self.shape) if i not in self.reduce_axes)
         return {keep, drop}
 
-    def admits(self, shape: tuple) -> bool:
-        """Can a pointwise op of this output shape live in a tile over this domain?"""
-        if shape == self.shape:
-            return True
-        return bool(self.reduce_axes) and shape in self.reduced_shapes()
+    def admits(self, numel, shape: tuple) -> bool:
+        """Can a pointwise op with this output live in a tile over this domain?"""
+        if self.kind == "row":
+            return numel == self.numel * self.rnumel or numel == self.numel
+        if self.kind == "reduce":
+            return shape == self.shape or shape in self.reduced_shapes()
+        return numel == self.numel
+
+
+def _prod(shape) -> sympy.Expr:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
 def op_domain(op: TileOp, graph: TileGraph) -> Domain:
     if op.kind is OpKind.REDUCTION:
-        return Domain(graph.specs[op.args[0]].shape, tuple(op.attrs["dims"]))
-    return Domain(op.out.shape, (), op.kind is OpKind.MATMUL)
+        shape = graph.specs[op.args[0]].shape
+        dims = tuple(op.attrs["dims"])
+        first = len(shape) - len(dims)
+        if dims == tuple(range(first, len(shape))):
+            return Domain("row", _prod(shape[:first]), _prod(shape[first:]), shape, dims)
+        return Domain("reduce", _prod(shape), sympy.Integer(1), shape, dims)
+    kind = "matmul" if op.kind is OpKind.MATMUL else "pointwise"
+    return Domain(kind, op.out.numel, sympy.Integer(1), op.out.shape)
 
 
 def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
@@ -61,31 +89,35 @@ def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
     return op_domain(ops[0], graph)
 
 
-def domains_compatible(a: Domain, b: Domain, shapes_a: set, shapes_b: set) -> str | None:
+def pointwise_outputs(ops: list[TileOp]) -> set[tuple]:
+    """(numel, shape) of every non-reduction op of a group."""
+    return {(op.out.numel, op.out.shape) for op in ops if op.kind is not OpKind.REDUCTION}
+
+
+def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set) -> str | None:
     """None when two groups may share one iteration domain, else the reason."""
     if a.matmul and b.matmul:
         return "two matmuls never share a kernel"
     if a.matmul or b.matmul:
-        mm, other_shapes = (a, shapes_b) if a.matmul else (b, shapes_a)
-        other = b if a.matmul else a
-        if other.reduce_axes:
+        mm, other, other_pw = (a, b, pw_b) if a.matmul else (b, a, pw_a)
+        if other.kind in ("row", "reduce"):
             return "a matmul epilogue must be elementwise (the other side reduces)"
-        if any(s != mm.shape for s in other_shapes):
-            return "a matmul epilogue must have the matmul's output shape"
+        if any(n != mm.numel for n, _ in other_pw):
+            return "a matmul epilogue must have the matmul's output size"
         return None
-    if a.reduce_axes and b.reduce_axes:
-        if a != b:
-            return (f"reductions over different domains ({_fmt(a)} vs {_fmt(b)})")
-        return None
-    red, other_shapes = (a, shapes_b) if a.reduce_axes else (b, shapes_a)
-    if all(red.admits(s) for s in other_shapes):
+    if a.kind in ("row", "reduce") and b.kind in ("row", "reduce"):
+        same = (a.kind == b.kind and a.numel == b.numel and a.rnumel == b.rnumel
+                and (a.kind == "row" or (a.shape, a.reduce_axes) == (b.shape, b.reduce_axes)))
+        return None if same else f"reductions over different domains ({_fmt(a)} vs {_fmt(b)})"
+    dom, other_pw = (a, pw_b) if a.kind != "pointwise" or b.kind == "pointwise" else (b, pw_a)
+    if all(dom.admits(n, shape) for n, shape in other_pw):
         return None
     return f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})"
 
 
 def _fmt(d: Domain) -> str:
     shape = "[" + ", ".join(str(s) for s in d.shape) + "]"
-    return f"{shape} reducing {list(d.reduce_axes)}" if d.reduce_axes else shape
+    return f"{shape} reducing {list(d.reduce_axes)}" if d.kind in ("row", "reduce") else shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +129,14 @@ class TilePlan:
     fits: bool
 
 
-def _tile_elems(spec: TensorSpec, domain: Domain, graph: TileGraph) -> sympy.Expr:
+def _tile_elems(spec: TensorSpec, domain: Domain) -> sympy.Expr:
     """Elements of ``spec`` that one (rows x cols) tile of ``domain`` touches."""
-    if spec.shape == domain.shape or spec.numel == sympy.Mul(*domain.shape):
+    full = domain.numel * domain.rnumel
+    if spec.numel == full:
         return TILE_ROWS * TILE_COLS
-    if domain.reduce_axes and spec.shape in domain.reduced_shapes():
+    if domain.kind == "row" and spec.numel == domain.numel:
+        return TILE_ROWS
+    if domain.kind == "reduce" and spec.shape in domain.reduced_shapes():
         return TILE_ROWS
     if spec.shape and spec.shape[-1] == 1:
         return TILE_ROWS  # a per-row operand, e.g. [B, S, 1]
@@ -122,17 +157,18 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
     if domain.matmul:
         return _plan_cube_tile(ops, graph, hw, buffering, domain)
     capacity = hw.vector_capacity_bytes
-    expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain, graph)
+    expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain)
                            for spec in _buffers(ops, graph))
-    shape_hint = [graph.hint(s) for s in domain.shape]
-    if domain.reduce_axes:
-        cols_expr = sympy.Mul(*[domain.shape[a] for a in domain.reduce_axes])
-        cols = graph.hint(cols_expr)
+    if domain.kind == "row":
+        cols_expr = domain.rnumel
+    elif domain.kind == "reduce":
+        cols_expr = _prod([domain.shape[a] for a in domain.reduce_axes])
     else:
-        cols = min(shape_hint[-1], _MAX_POINTWISE_COLS) if shape_hint else 1
-    total = 1
-    for s in shape_hint:
-        total *= s
+        cols_expr = domain.shape[-1] if domain.shape else sympy.Integer(1)
+    cols = graph.hint(cols_expr)
+    if domain.kind == "pointwise":
+        cols = min(cols, _MAX_POINTWISE_COLS)
+    total = graph.hint(domain.numel * domain.rnumel)
     rows_max = max(total // max(cols, 1), 1)
     hinted = expr.subs(graph.size_hints)
     for rows in _ROW_CHOICES:
@@ -141,7 +177,7 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
         footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
         if footprint <= capacity or rows == 1:
             break
-    if not domain.reduce_axes:  # pointwise: narrower columns still fit
+    if domain.kind == "pointwise":  # pointwise: narrower columns still fit
         while footprint > capacity and cols > 1:
             cols //= 2
             footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
@@ -151,7 +187,7 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
 def _plan_cube_tile(ops, graph, hw, buffering, domain) -> TilePlan:
     matmul = next(op for op in ops if op.kind is OpKind.MATMUL)
     itemsize = matmul.out.itemsize
-    epilogue = [spec for spec in _buffers(ops, graph) if spec.shape == domain.shape]
+    epilogue = [spec for spec in _buffers(ops, graph) if spec.numel == domain.numel]
     expr = (buffering * itemsize * (TILE_M * TILE_K + TILE_K * TILE_N)
             + TILE_M * TILE_N * 4  # fp32 accumulator
             + buffering * TILE_M * TILE_N * sum(s.itemsize for s in epilogue))

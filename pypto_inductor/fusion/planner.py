@@ -18,7 +18,7 @@ import torch
 from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp
-from .capacity import TilePlan, domains_compatible, group_domain, plan_tile
+from .capacity import TilePlan, domains_compatible, group_domain, plan_tile, pointwise_outputs
 from .roi import CostModel, RoiEstimate
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -87,7 +87,7 @@ class _Planner:
         for i, node in enumerate(graph.nodes):
             self.group_of[id(node)] = i
             self.members[i] = [node]
-        producers = graph.producers()
+        producers = self.producers = graph.producers()
         self.edges: list[tuple[Node, Node]] = []  # producer -> consumer, deduplicated
         seen = set()
         for node in graph.nodes:
@@ -97,16 +97,17 @@ class _Planner:
                     seen.add((id(p), id(node)))
                     self.edges.append((p, node))
         self._tile_cache: dict[tuple, TilePlan] = {}
+        self._eval_cache: dict[tuple, tuple] = {}
+        self.version: dict[int, int] = {}  # bumped when a group's members change
 
     # --- group helpers -------------------------------------------------------------
     @staticmethod
     def fusable(node: Node) -> bool:
-        return isinstance(node, TileOp) and node.kind is not OpKind.LAYOUT
+        """Compute ops, and reshapes (free inside a kernel: row-major order is kept)."""
+        return isinstance(node, TileOp) and (node.kind is not OpKind.LAYOUT or node.op == "view")
 
-    @staticmethod
-    def is_kernel(node: Node) -> bool:
-        """Tile ops that need a kernel: all but views (cat is a one-op kernel)."""
-        return isinstance(node, TileOp) and not node.is_view
+    def view_only(self, gid: int) -> bool:
+        return all(op.is_view for op in self.members[gid])
 
     def ops(self, gid: int) -> list[TileOp]:
         return self.members[gid]
@@ -125,45 +126,78 @@ class _Planner:
                 succ[gp].add(gc)
         return succ
 
-    def creates_cycle(self, gp: int, gc: int, succ: dict[int, set[int]]) -> bool:
-        """Is gc reachable from gp through some third group?"""
-        stack = [g for g in succ[gp] if g != gc]
+    @staticmethod
+    def creates_cycle(gids: list[int], succ: dict[int, set[int]]) -> bool:
+        """Does a path leave the merged set and come back (through another kernel)?"""
+        inside = set(gids)
+        stack = [n for g in gids for n in succ[g] if n not in inside]
         seen = set(stack)
         while stack:
             g = stack.pop()
-            if g == gc:
-                return True
             for nxt in succ[g]:
+                if nxt in inside:
+                    return True
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append(nxt)
         return False
 
+    def candidate(self, p: Node, c: Node) -> list[int] | None:
+        """Groups a producer -> consumer edge would merge, producer first.
+
+        A standalone reshape between them is absorbed with them: on its own it
+        gains nothing, but it must not stop its producer and consumer fusing.
+        """
+        if not (self.fusable(p) and self.fusable(c)) or self.view_only(self.group_of[id(c)]):
+            return None
+        gids = [self.group_of[id(c)]]
+        node = p
+        while self.view_only(self.group_of[id(node)]):
+            gids.append(self.group_of[id(node)])
+            node = self.producers.get(node.args[0])
+            if node is None or not self.fusable(node):
+                return None
+        gids.append(self.group_of[id(node)])
+        gids = list(dict.fromkeys(reversed(gids)))
+        return gids if len(gids) > 1 else None
+
     # --- evaluation of one candidate ------------------------------------------------
-    def evaluate(self, gp: int, gc: int, succ) -> tuple[str | None, RoiEstimate | None]:
-        """(reason it is illegal or None, ROI estimate) for merging gp into gc."""
-        p_ops, c_ops = self.ops(gp), self.ops(gc)
-        if self.creates_cycle(gp, gc, succ):
+    def evaluate(self, gids: list[int], succ) -> tuple[str | None, RoiEstimate | None]:
+        """(reason the merge is illegal or None, ROI estimate) for merging these groups."""
+        if self.creates_cycle(gids, succ):
             return "merging would create a cycle (another kernel sits between them)", None
-        dp, dc = group_domain(p_ops, self.graph), group_domain(c_ops, self.graph)
-        if dc.matmul and not dp.matmul:
-            return "matmul prologue not fused: the cube unit reads its operands from GM", None
-        shapes = lambda ops: {op.out.shape for op in ops if op.kind is not OpKind.REDUCTION}
-        why = domains_compatible(dp, dc, shapes(p_ops), shapes(c_ops))
-        if why:
-            return why, None
+        # Everything but the cycle check depends only on the groups' members.
+        key = tuple((g, self.version.get(g, 0)) for g in gids)
+        if key not in self._eval_cache:
+            self._eval_cache[key] = self._evaluate_members(gids)
+        return self._eval_cache[key]
+
+    def _evaluate_members(self, gids: list[int]) -> tuple[str | None, RoiEstimate | None]:
+        groups = [self.ops(g) for g in gids]
+        merged = sorted((op for ops in groups for op in ops), key=lambda n: self.order[id(n)])
+        defined = {op.name for op in merged}
+        for op in merged:
+            if op.kind is OpKind.MATMUL and any(a in defined for a in op.inputs):
+                return "matmul prologue not fused: the cube unit reads its operands from GM", None
+        acc = list(groups[0])
+        for ops in groups[1:]:
+            why = domains_compatible(group_domain(acc, self.graph), group_domain(ops, self.graph),
+                                     pointwise_outputs(acc), pointwise_outputs(ops))
+            if why:
+                return why, None
+            acc += ops
         if self.config.dtype_policy == "strict":
-            dts = _float_dtypes(p_ops, self.graph) | _float_dtypes(c_ops, self.graph)
+            dts = _float_dtypes(merged, self.graph)
             if len(dts) > 1:
                 names = " -> ".join(sorted(str(d).replace("torch.", "") for d in dts))
                 return f"dtype boundary {names} (dtype_policy='strict')", None
-        merged = p_ops + c_ops
-        tp, tc, tf = self.tile_plan(p_ops), self.tile_plan(c_ops), self.tile_plan(merged)
-        roi = self.cost.merge_estimate(p_ops, c_ops,
-                                       (tp.footprint_bytes, tc.footprint_bytes, tf.footprint_bytes))
-        if not tf.fits:
-            return (f"capacity: fused footprint {tf.footprint_bytes} B at tile "
-                    f"{'x'.join(map(str, tf.tile_shape))} exceeds {tf.capacity_bytes} B"), roi
+        plans = [self.tile_plan(ops) for ops in groups]
+        fused = self.tile_plan(merged)
+        roi = self.cost.merge_estimate(groups, [t.footprint_bytes for t in plans],
+                                       fused.footprint_bytes)
+        if not fused.fits:
+            return (f"capacity: fused footprint {fused.footprint_bytes} B at tile "
+                    f"{'x'.join(map(str, fused.tile_shape))} exceeds {fused.capacity_bytes} B"), roi
         return None, roi
 
     # --- the greedy loop -------------------------------------------------------------
@@ -174,37 +208,40 @@ class _Planner:
             succ = self.group_edges()
             best = None
             for p, c in self.edges:
-                gp, gc = self.group_of[id(p)], self.group_of[id(c)]
-                if gp == gc or not (self.fusable(p) and self.fusable(c)):
+                gids = self.candidate(p, c)
+                if gids is None:
                     continue
-                why, roi = self.evaluate(gp, gc, succ)
+                why, roi = self.evaluate(gids, succ)
                 if why is None and roi.roi_score >= threshold:
-                    if best is None or roi.roi_score > best[2].roi_score:
-                        best = (p, c, roi)
+                    if best is None or roi.roi_score > best[3].roi_score:
+                        best = (p, c, gids, roi)
             if best is None:
                 break
-            p, c, roi = best
+            p, c, gids, roi = best
             decisions.append(Decision(p.name, c.name, True,
                                       f"fused: roi_score {roi.roi_score:.2f} >= {threshold}", roi))
-            self.merge(self.group_of[id(p)], self.group_of[id(c)])
+            self.merge(gids)
         return decisions + self.unfused_decisions()
 
-    def merge(self, gp: int, gc: int) -> None:
-        merged = sorted(self.members[gp] + self.members[gc], key=lambda n: self.order[id(n)])
-        self.members[gc] = merged
-        del self.members[gp]
+    def merge(self, gids: list[int]) -> None:
+        target = gids[-1]
+        merged = sorted((n for g in gids for n in self.members[g]), key=lambda n: self.order[id(n)])
+        for g in gids[:-1]:
+            del self.members[g]
+        self.version[target] = self.version.get(target, 0) + 1
+        self.members[target] = merged
         for node in merged:
-            self.group_of[id(node)] = gc
+            self.group_of[id(node)] = target
 
     def unfused_decisions(self) -> list[Decision]:
         succ = self.group_edges()
         out, seen = [], set()
         for p, c in self.edges:
-            gp, gc = self.group_of[id(p)], self.group_of[id(c)]
-            if gp == gc or not (self.fusable(p) and self.fusable(c)) or (gp, gc) in seen:
+            gids = self.candidate(p, c)
+            if gids is None or tuple(gids) in seen:
                 continue
-            seen.add((gp, gc))
-            why, roi = self.evaluate(gp, gc, succ)
+            seen.add(tuple(gids))
+            why, roi = self.evaluate(gids, succ)
             if not self.config.fusion:
                 why = "fusion disabled (fusion=False)"
             elif why is None:
@@ -257,13 +294,14 @@ def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPl
     tiles, steps = [], []
     for gid in planner.schedule():
         ops = planner.members[gid]
-        if len(ops) == 1 and not planner.is_kernel(ops[0]):
-            steps.append(ops[0])  # a view or an extern op
+        if all(isinstance(n, ExternOp) or n.is_view for n in ops):
+            steps.extend(ops)  # extern ops and standalone views run as they are
             continue
         tile = planner.make_tile(len(tiles), ops)
         tiles.append(tile)
         steps.append(tile)
-    single = [planner.cost.kernel_cost([op]) for op in graph.nodes if planner.is_kernel(op)]
+    single = [planner.cost.kernel_cost([op]) for op in graph.nodes
+              if isinstance(op, TileOp) and not op.is_view]
     unfused = {"kernels": len(single), "gm_bytes": sum(c.gm_bytes for c in single),
                "time_us": sum(c.time_us for c in single)}
     return FusionPlan(graph, hw, tiles, steps, decisions, unfused)

@@ -68,6 +68,7 @@ class CostModel:
             name: graph.hint(spec.nbytes) for name, spec in graph.specs.items()
             if hasattr(spec, "nbytes")
         }
+        self.op_flops = {id(op): self.flops(op) for op in graph.nodes if isinstance(op, TileOp)}
 
     def read_bytes(self, name: str) -> int:
         """Bytes a kernel reads for an input: an expanded view reads only its source."""
@@ -77,6 +78,8 @@ class CostModel:
         return self.value_bytes.get(name, 0)
 
     def flops(self, op: TileOp) -> int:
+        if op.kind is OpKind.LAYOUT:
+            return 0
         if op.kind is OpKind.MATMUL:
             a = self.graph.specs[op.args[0]]
             return 2 * self.graph.hint(op.out.numel) * self.graph.hint(a.shape[-1])
@@ -103,25 +106,27 @@ class CostModel:
         return inputs, outputs
 
     def kernel_cost(self, ops: list[TileOp]) -> KernelCost:
+        if all(op.is_view for op in ops):
+            return KernelCost(0, 0, 0, 0.0)  # a reshape between kernels is free
         inputs, outputs = self.boundary(ops)
         gm = sum(self.read_bytes(n) for n in inputs) + sum(self.value_bytes[n] for n in outputs)
-        flops = sum(self.flops(op) for op in ops)
+        flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         peak = self.hw.cube_flops_per_s if cube else self.hw.vector_flops_per_s
         seconds = max(gm / self.hw.gm_bandwidth_bytes_per_s, flops / peak)
         return KernelCost(gm, flops, 1, self.hw.launch_us + seconds * 1e6)
 
-    def merge_estimate(self, producer: list[TileOp], consumer: list[TileOp],
-                       footprints: tuple[int, int, int]) -> RoiEstimate:
-        p, c = self.kernel_cost(producer), self.kernel_cost(consumer)
-        f = self.kernel_cost(producer + consumer)
-        unfused_bytes = p.gm_bytes + c.gm_bytes
-        fp_p, fp_c, fp_f = footprints
-        base = max(fp_p, fp_c, 1)
+    def merge_estimate(self, groups: list[list[TileOp]], footprints: list[int],
+                       fused_footprint: int) -> RoiEstimate:
+        parts = [self.kernel_cost(ops) for ops in groups]
+        fused = self.kernel_cost([op for ops in groups for op in ops])
+        unfused_bytes = sum(p.gm_bytes for p in parts)
+        launches = sum(p.launches for p in parts)
+        base = max(max(footprints), 1)
         return RoiEstimate(
-            t_unfused_us=p.time_us + c.time_us,
-            t_fused_us=f.time_us,
-            bandwidth_saving_pct=100.0 * (unfused_bytes - f.gm_bytes) / max(unfused_bytes, 1),
-            launch_overhead_reduction_pct=50.0,  # two launches become one
-            l1_pressure_increase_pct=100.0 * (fp_f - base) / base,
+            t_unfused_us=sum(p.time_us for p in parts),
+            t_fused_us=fused.time_us,
+            bandwidth_saving_pct=100.0 * (unfused_bytes - fused.gm_bytes) / max(unfused_bytes, 1),
+            launch_overhead_reduction_pct=100.0 * (launches - 1) / max(launches, 1),
+            l1_pressure_increase_pct=100.0 * (fused_footprint - base) / base,
         )

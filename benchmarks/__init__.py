@@ -1,0 +1,1 @@
+"""Benchmarks: eager vs Inductor vs pypto, side by side in one process."""
