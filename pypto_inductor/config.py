@@ -10,6 +10,8 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+import torch
+
 TARGETS = ("cpu", "npu", "reference")
 HARDWARE = ("ascend-a2", "host")
 DTYPE_POLICIES = ("upcast", "strict")
@@ -66,10 +68,14 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], what: str) -> Any
 def _normalise_op_name(key: str, name: Any) -> str:
     if not isinstance(name, str):
         name = str(name)  # accept torch.ops.aten.gelu.default itself
-    if not name.startswith("aten."):
+    parts = name.split(".")
+    if parts[0] != "aten" or len(parts) not in (2, 3):
         raise ConfigError(
             f"option {key!r}: op names look like 'aten.gelu' or 'aten.gelu.default', got {name!r}"
         )
+    packet = getattr(torch.ops.aten, parts[1], None)
+    if packet is None or (len(parts) == 3 and parts[2] not in packet.overloads()):
+        raise ConfigError(f"option {key!r}: {name!r} is not an ATen operator or overload")
     return name
 
 

@@ -24,6 +24,32 @@ class HardwareModel:
     launch_us: float  # fixed cost of one kernel launch
     cores: int
     details: tuple[tuple[str, object], ...] = ()
+    # --- vector tile preferences (fusion/capacity.py plan_tile); the defaults are
+    # the host's behaviour: every live buffer counted, any tile shape.
+    # "all_live": footprint = buffering x every live tile buffer of the FusionTile;
+    # "per_op": the largest working set of one op (its operand and result tiles in
+    # the compute dtype, floats as fp32), as pypto places UB buffers op by op and
+    # reuses them (it pipelines itself: no buffering factor).
+    footprint_model: str = "all_live"
+    # The largest single tile buffer (compute dtype) as a fraction of the vector
+    # capacity; None: no limit beyond the footprint.
+    max_tile_buffer_fraction: float | None = None
+    # Pointwise tiles: at most this many columns (None: the whole last dim, up to 4096).
+    preferred_max_tile_cols: int | None = None
+    # Pointwise tiles narrower than the row keep cols a multiple of this many bytes.
+    tile_col_align_bytes: int = 0
+    # Pointwise tiles: halve the columns (down to the alignment) to keep at least
+    # this many rows where the domain has them.
+    min_tile_rows: int = 1
+    # ROI model: elements of a kernel's iteration domain per second (a pass over the
+    # domain costs at least numel / rate, whatever its bytes); None: no such term.
+    vector_elems_per_s: float | None = None
+    # ROI model: fixed cost of each op inside a kernel (instruction issue and pipe
+    # synchronisation per tile), added to the launch; 0 on the host.
+    op_us: float = 0.0
+    # ROI model: fixed cost of a kernel that mixes cube and vector work (a matmul
+    # with an epilogue; on A2 they run on separate cores and synchronise); 0 on the host.
+    cube_epilogue_us: float = 0.0
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -48,30 +74,104 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
+@functools.lru_cache(maxsize=None)
+def _pypto_a2a3_ini() -> dict[str, dict[str, str]]:
+    """Sections of pypto's lib/configs/A2A3.ini when pypto is installed, else {}.
+
+    Found through the package's location, without importing pypto (which loads
+    its native libraries).
+    """
+    import configparser
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("pypto")
+    except (ImportError, ValueError):
+        return {}
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "lib" / "configs" / "A2A3.ini"
+        if path.is_file():
+            parser = configparser.ConfigParser(strict=False, interpolation=None)
+            try:
+                parser.read(path)
+            except (configparser.Error, OSError, UnicodeDecodeError):
+                return {}
+            return {name: dict(parser[name]) for name in parser.sections()}
+    return {}
+
+
+def _ini_int(ini: dict, section: str, key: str, default: int) -> int:
+    try:
+        return int(ini[section][key])
+    except (KeyError, ValueError):
+        return default
+
+
 def ascend_a2() -> HardwareModel:
-    """Ascend 910B2 as pypto 0.2.0 models it (A2A3.ini): 24 cube and 48 vector cores."""
-    freq = 1.85e9
-    cube_cores, vector_cores = 24, 48
+    """Ascend 910B2 as pypto 0.2.0 models it (A2A3.ini): 24 cube and 48 vector cores.
+
+    The numbers are read from pypto's ``lib/configs/A2A3.ini`` when pypto is
+    installed; the built-in copies below are the fallback.
+    """
+    ini = _pypto_a2a3_ini()
+    soc = lambda key, default: _ini_int(ini, "SoCInfo", key, default)  # noqa: E731
+    core = lambda key, default: _ini_int(ini, "AICoreSpec", key, default)  # noqa: E731
+    rate = lambda key, default: _ini_int(ini, "AICoreMemoryRates", key, default)  # noqa: E731
+    freq = core("cube_freq", 1850) * 1e6
+    cube_cores, vector_cores = soc("cube_core_cnt", 24), soc("vector_core_cnt", 48)
+    ub, l1 = core("ub_size", 192 * KiB), core("l1_size", 512 * KiB)
+    cube_m, cube_n, cube_k = core("cube_m_size", 16), core("cube_n_size", 16), core("cube_k_size", 16)
+    vec_bytes = core("vec_calc_size", 128)  # bytes per cycle of one vector instruction
     return HardwareModel(
         name="ascend-a2",
-        vector_capacity_bytes=192 * KiB,  # UB
-        cube_capacity_bytes=512 * KiB,  # L1
-        gm_bandwidth_bytes_per_s=1.6e12,
-        # 2 flops x 16x16x16 MACs per cycle per cube core; vector: 128 B/cycle of fp32.
-        cube_flops_per_s=cube_cores * 2 * 16**3 * freq,
-        vector_flops_per_s=vector_cores * 64 * freq,
-        launch_us=3.0,
+        vector_capacity_bytes=ub,  # UB
+        cube_capacity_bytes=l1,  # L1
+        # Fitted to pypto 0.2.0's simulator (coordinate search on squared log errors of
+        # roi_score vs simulated speedup and of every kernel's time over the
+        # calibration set: docs/ascend_calibration.md, `python -m
+        # benchmarks.calibrate_ascend`). Before fitting: 1.6 TB/s, the peak vector
+        # and cube rates (5.68 and 364 TFLOP/s, in details), 3 us launch, no per-op,
+        # epilogue or element term. Simulated matmuls run far below the cube peak.
+        launch_us=5.33,
+        op_us=0.593,
+        cube_epilogue_us=3.87,
+        gm_bandwidth_bytes_per_s=8.39e11,
+        vector_flops_per_s=6.84e11,
+        vector_elems_per_s=5.23e10,
+        cube_flops_per_s=7.44e12,
         cores=vector_cores,
+        # pypto-friendly vector tiles (docs/ascend_calibration.md): pypto places UB
+        # buffers op by op and fails to place one above about a third of UB (64x256
+        # fp32 compiles, 128x256 does not); 64x256 simulates 3x faster than 4x1024.
+        footprint_model="per_op",
+        max_tile_buffer_fraction=1 / 3,
+        preferred_max_tile_cols=256,
+        tile_col_align_bytes=32,  # the UB block
+        min_tile_rows=8,
         details=(
-            ("ub_bytes", 192 * KiB),
-            ("l1_bytes", 512 * KiB),
-            ("l0a_bytes", 64 * KiB),
-            ("l0b_bytes", 64 * KiB),
-            ("l0c_bytes", 128 * KiB),
-            ("l2_bytes", 192 * MiB),
+            ("ub_bytes", ub),
+            ("l1_bytes", l1),
+            ("l0a_bytes", core("l0_a_size", 64 * KiB)),
+            ("l0b_bytes", core("l0_b_size", 64 * KiB)),
+            ("l0c_bytes", core("l0_c_size", 128 * KiB)),
+            ("l2_bytes", soc("l2_size", 192 * MiB)),
             ("freq_hz", freq),
+            # peaks of the units (2 flops x 16x16x16 MACs per cycle per cube core;
+            # 128 B/cycle of fp32 per vector core); the ROI model uses the fitted rates
+            ("peak_cube_flops_per_s", cube_cores * 2 * cube_m * cube_n * cube_k * freq),
+            ("peak_vector_flops_per_s", vector_cores * (vec_bytes // 2) * freq),
             ("cube_cores", cube_cores),
             ("vector_cores", vector_cores),
+            ("l1_to_l0a_bytes_per_cycle", rate("l1_to_l0_a_rate", 512)),
+            ("l1_to_l0b_bytes_per_cycle", rate("l1_to_l0_b_rate", 256)),
+            ("l1_to_ub_bytes_per_cycle", rate("l1_to_ub_rate", 128)),
+            ("l0c_to_ub_bytes_per_cycle", rate("l0_c_to_ub_rate", 256)),
+            ("ub_to_l2_bytes_per_cycle", rate("ub_to_l2_rate", 64)),
+            ("ub_to_ddr_bytes_per_cycle", rate("ub_to_ddr_rate", 64)),
+            ("ub_to_l1_bytes_per_cycle", rate("ub_to_l1_rate", 128)),
+            ("source", "pypto A2A3.ini" if ini else "built-in"),
         ),
     )
 
@@ -102,7 +202,8 @@ def host() -> HardwareModel:
         vector_capacity_bytes=l2,
         cube_capacity_bytes=l2,
         gm_bandwidth_bytes_per_s=40e9,  # measured copy bandwidth on our 2-core machines
-        vector_flops_per_s=cores * 16 * 2.5e9,
+        # 8-lane AVX2 FMA (2 flops) on 2 ports per core at ~2.5 GHz
+        vector_flops_per_s=cores * 32 * 2.5e9,
         cube_flops_per_s=cores * 32 * 2.5e9,
         launch_us=4.0,  # one Python-level kernel call
         cores=cores or 1,

@@ -29,6 +29,8 @@ class GraphReport:
         self._num_ops = num_ops
         self.target = target or (compiled.config.target if compiled else "")
         self.hardware = hardware or (plan.hardware if plan else None)
+        # tile name -> codegen.pypto_sim.TileSimulation, with options={"simulate": True}
+        self.simulation: dict | None = None
 
     @classmethod
     def eager(cls, name: str, reason: str, gm) -> "GraphReport":
@@ -57,10 +59,19 @@ class GraphReport:
                 "footprint_bytes": int(tile.footprint_bytes),
                 "footprint_expr": str(tile.footprint_expr),
                 "capacity_bytes": int(tile.capacity_bytes),
+                # False only when even the smallest tile overflows (e.g. one reduction row)
+                "fits": int(tile.footprint_bytes) <= int(tile.capacity_bytes),
                 "gm_bytes": int(tile.gm_bytes),
                 "predicted_us": round(tile.predicted_us, 3),
                 "kernel_fallback": fallbacks.get(tile.name),
+                "native": self.compiled.kernel_native.get(tile.name) if self.compiled else None,
             }
+            if self.simulation is not None:
+                sim = self.simulation.get(tile.name)
+                entry.update(sim.to_dict() if sim is not None else {
+                    "pypto_source": None, "simulated_cycles_fused": None,
+                    "simulated_cycles_unfused": None, "pto_ir_path": None,
+                    "simulation_error": "not simulated"})
             if tile.name in measured:
                 entry["measured_us"] = round(measured[tile.name], 3)
             tiles.append(entry)
@@ -106,6 +117,8 @@ class FusionReport:
         measured = [t.get("measured_us") for g in graphs for t in g["fusion_tiles"]]
         if measured and all(m is not None for m in measured):
             summary["measured_us_fused"] = round(sum(measured), 3)
+        if any(g.simulation is not None for g in self.graphs):
+            summary.update(_simulated_summary(graphs))
         return {
             "target": self.target,
             "hardware": hw.to_dict() if hw else {"name": None, "capacity_bytes": None},
@@ -131,6 +144,12 @@ class FusionReport:
                      t["predicted_us"], t.get("measured_us", "")] for t in g["fusion_tiles"]]
             lines.append(tabulate(rows, headers=["kernel", "ops", "dtype", "tile", "footprint B",
                                                  "pred us", "meas us"], maxcolwidths=[None, 50]))
+            for t in g["fusion_tiles"]:
+                if not t.get("fits", True):
+                    lines.append(f"over capacity: {t['name']} needs {t['footprint_bytes']} B at its "
+                                 f"smallest tile {'x'.join(map(str, t['tile_shape']))} > "
+                                 f"{t['capacity_bytes']} B; it runs, but spills past the on-chip "
+                                 "buffer")
             rejected = [x for x in g["decisions"] if not x["fused"]]
             if rejected:
                 lines.append("not fused:")
@@ -202,7 +221,12 @@ def publish(graph_report: GraphReport, config: Config) -> None:
     for sink in _ACTIVE:
         sink.append(graph_report)
     if config.report_path:
-        rep = _BY_PATH.setdefault(config.report_path, FusionReport(target=config.target))
+        if config.report_path not in _BY_PATH:
+            from .hardware import get_hardware
+
+            hw = get_hardware(config.hardware_name, config.capacity_bytes)
+            _BY_PATH[config.report_path] = FusionReport(target=config.target, hardware=hw)
+        rep = _BY_PATH[config.report_path]
         rep.graphs.append(graph_report)
         rep.save(config.report_path)
 
@@ -241,7 +265,35 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
             if outs and params:
                 torch.autograd.grad(sum(o.float().sum() for o in outs), params, allow_unused=True)
     hw = get_hardware(config.hardware_name, config.capacity_bytes)
+    if config.simulate:
+        from .codegen.pypto_sim import simulate_plan
+
+        for graph_report in graphs:
+            if graph_report.plan is not None:
+                graph_report.simulation = simulate_plan(graph_report.plan,
+                                                        buffering=config.buffering)
     return FusionReport(graphs, target=config.target, hardware=hw)
+
+
+def _simulated_summary(graphs: list[dict]) -> dict:
+    """Simulated cycles over every FusionTile pypto's simulator ran, fused and unfused.
+
+    A one-op tile counts its own cycles on both sides; a tile missing either number
+    is left out of both sums (and counted in simulation_failures).
+    """
+    fused = unfused = failures = 0
+    for g in graphs:
+        for t in g["fusion_tiles"]:
+            f, u = t.get("simulated_cycles_fused"), t.get("simulated_cycles_unfused")
+            if u is None and len(t["ops"]) == 1:
+                u = f
+            if f is None or u is None:
+                failures += 1
+                continue
+            fused, unfused = fused + f, unfused + u
+    return {"simulated_cycles_fused": fused, "simulated_cycles_unfused": unfused,
+            "simulated_speedup": round(unfused / fused, 3) if fused else None,
+            "simulation_failures": failures}
 
 
 def _parameters(model_or_fn):

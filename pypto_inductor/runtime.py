@@ -50,6 +50,8 @@ class CompiledGraph:
             self.slot[name] = len(self.slot)
         self.num_inputs = len(graph.inputs)
         self.kernel_fallbacks: dict[str, str] = {}  # tile name -> why it runs eagerly
+        # tile name -> {"native": bool, "reason": why not} for targets that say
+        self.kernel_native: dict[str, dict] = {}
         self.timings: dict[str, list[float]] = {}
         self.program = [self._compile_step(step, target) for step in plan.steps]
         self._free_after = self._liveness()
@@ -84,7 +86,10 @@ class CompiledGraph:
     def _build_kernel(self, tile: FusionTile, target) -> Callable:
         graph = self.plan.graph
         try:
-            return target.build(tile, graph)
+            kernel = target.build(tile, graph)
+            if hasattr(kernel, "native"):
+                self.kernel_native[tile.name] = {"native": kernel.native, "reason": kernel.reason}
+            return kernel
         except Exception as e:  # noqa: BLE001 - any build failure falls back to eager
             if self.config.fallback == "error":
                 raise KernelBuildError(f"building kernel {tile.name} failed: {e}") from e

@@ -12,8 +12,7 @@ from types import ModuleType
 
 TARGETS = {
     "reference": "pypto_inductor.codegen.reference",
-    # Until native kernels land the CPU target runs the reference executor.
-    "cpu": "pypto_inductor.codegen.reference",
+    "cpu": "pypto_inductor.codegen.cpp",  # native C++ kernels
     "npu": "pypto_inductor.codegen.npu",
 }
 

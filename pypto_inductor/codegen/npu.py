@@ -2,10 +2,27 @@
 
 Needs pypto, torch_npu and a visible NPU. Without them, asking for the target
 raises TargetUnavailable naming what is missing.
+
+The kernel is the module :mod:`.pypto_emit` writes (the same one pypto's
+simulator runs, with ``RunMode.NPU``). :class:`PyptoLauncher` is the shared
+launch step: it writes the module to a real file (pypto re-reads its source),
+imports it, reshapes the tile's input tensors to the kernel's shapes, allocates
+the outputs on the inputs' device, calls the jit function and hands the outputs
+back in their graph shapes. The simulator worker (:mod:`.pypto_sim`) launches
+every simulated kernel through it, so this module keeps its top-level imports
+to the standard library and torch: the worker loads it by file path without
+importing the whole package.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
 
 
 def missing_requirements() -> list[str]:
@@ -15,7 +32,6 @@ def missing_requirements() -> list[str]:
     if importlib.util.find_spec("torch_npu") is None:
         missing.append("torch_npu (pip install 'pypto-inductor[npu]')")
     else:
-        import torch
         import torch_npu  # noqa: F401
 
         if not (hasattr(torch, "npu") and torch.npu.is_available()):
@@ -35,5 +51,103 @@ def check_available() -> None:
         )
 
 
-def build(tile, graph):  # pragma: no cover - needs NPU hardware
-    raise NotImplementedError("pypto kernel emission for the NPU target is not implemented yet")
+def kernel_dir() -> Path:
+    """Where generated kernel modules live (pypto re-reads their source)."""
+    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
+    return Path(root) / "kernels"
+
+
+def write_kernel_module(name: str, source: str, directory: str | Path) -> Path:
+    """Write a kernel module as ``<directory>/<name>.py``."""
+    path = Path(directory) / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
+def load_kernel_function(name: str, path: str | Path) -> Callable:
+    """Import a written kernel module from its file; return its jit function ``name``."""
+    mod_name = f"_pypto_inductor_kernel_{name}_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(mod_name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # inspect.getsource needs the module registered
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+class PyptoLauncher:
+    """Calls one emitted pypto kernel on torch tensors (NPU tensors, or CPU ones in SIM).
+
+    ``kernel`` is ``PyptoKernel.to_json()``: its name, source and parameters
+    (kernel shape, dtype, graph shape, input or output).
+    """
+
+    def __init__(self, kernel: dict, fn: Callable):
+        self.name = kernel["name"]
+        self.fn = fn
+        params = kernel["params"]
+        self.inputs = [p for p in params if not p["is_output"]]
+        self.outputs = [p for p in params if p["is_output"]]
+
+    @classmethod
+    def load(cls, kernel: dict, directory: str | Path) -> "PyptoLauncher":
+        """Write the kernel module into ``directory``, import it, and wrap its function."""
+        path = write_kernel_module(kernel["name"], kernel["source"], directory)
+        return cls(kernel, load_kernel_function(kernel["name"], path))
+
+    def example_inputs(self, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Zero tensors of every input's graph shape (the simulator computes no values)."""
+        return [torch.zeros(p["graph_shape"], dtype=_dtype(p), device=device)
+                for p in self.inputs]
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if len(inputs) != len(self.inputs):
+            raise ValueError(f"kernel {self.name} takes {len(self.inputs)} inputs, "
+                             f"got {len(inputs)}")
+        args = []
+        for x, p in zip(inputs, self.inputs):
+            if x.numel() != _numel(p["shape"]):
+                raise ValueError(
+                    f"kernel {self.name} was emitted for static shapes: input {p['value']} has "
+                    f"{tuple(x.shape)}, the kernel expects {tuple(p['graph_shape'])}")
+            args.append(x.to(_dtype(p)).contiguous().reshape(p["shape"]))
+        device = inputs[0].device if inputs else _default_device()
+        outs = [torch.empty(p["shape"], dtype=_dtype(p), device=device) for p in self.outputs]
+        self.fn(*args, *outs)
+        return [o.reshape(p["graph_shape"]) for o, p in zip(outs, self.outputs)]
+
+
+def _dtype(param: dict) -> torch.dtype:
+    return getattr(torch, param["dtype"])
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _default_device() -> torch.device:
+    if hasattr(torch, "npu") and torch.npu.is_available():
+        return torch.device("npu", torch.npu.current_device())
+    return torch.device("cpu")
+
+
+def build(tile, graph):
+    """kernel(inputs, syms) -> outputs: the FusionTile as a pypto kernel on the NPU.
+
+    Kernels are static at the example sizes for now: a call with other sizes
+    raises (dynamic sizes through pypto.frontend.dynamic are a follow-up).
+    """
+    check_available()
+    from .pypto_emit import emit_tile
+
+    kernel = emit_tile(tile, graph, run_mode="NPU").to_json()
+    digest = hashlib.sha256(kernel["source"].encode()).hexdigest()[:16]
+    launcher = PyptoLauncher.load(kernel, kernel_dir() / digest)
+
+    def run(inputs: list, syms: tuple) -> list:
+        return launcher(inputs)
+
+    return run

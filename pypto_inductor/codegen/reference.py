@@ -29,14 +29,26 @@ def _var(x, dims, keepdim, correction, std=False):
 
 def _arg(fn):
     def run(x, dims, keepdim):
+        if x.dtype == torch.bool:  # torch.argmax rejects bool; max.dim's index needs it
+            x = x.to(torch.uint8)
         return fn(x, dim=dims[0] if dims else None, keepdim=keepdim)
     return run
 
 
 def _prod(x, dims, keepdim, dtype):
-    if len(dims) == x.dim() and not keepdim:
-        return torch.prod(x, dtype=dtype)
-    return torch.prod(x, dim=dims[0], keepdim=keepdim, dtype=dtype)
+    if len(dims) == x.dim():  # every dim (or a 0-d tensor)
+        out = torch.prod(x, dtype=dtype)
+        return out.reshape([1] * x.dim()) if keepdim else out
+    out = x
+    for d in sorted(dims, reverse=True):
+        out = torch.prod(out, dim=d, keepdim=keepdim, dtype=dtype)
+    return out
+
+
+def _softmax(fn):
+    def run(x, dims, keepdim, dtype):
+        return fn(x, dims[0] if dims else 0, dtype=dtype)  # dims == () for a 0-d tensor
+    return run
 
 
 def _slice(x, dim, start, length, step):
@@ -79,8 +91,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "all": lambda x, dims, keepdim: aten.all.dims(x, list(dims), keepdim),
     "var": _var, "std": lambda x, dims, keepdim, correction: _var(x, dims, keepdim, correction, True),
     "argmax": _arg(torch.argmax), "argmin": _arg(torch.argmin),
-    "softmax": lambda x, dims, keepdim, dtype: torch.softmax(x, dims[0], dtype=dtype),
-    "log_softmax": lambda x, dims, keepdim, dtype: torch.log_softmax(x, dims[0], dtype=dtype),
+    "softmax": _softmax(torch.softmax), "log_softmax": _softmax(torch.log_softmax),
     "matmul": torch.matmul,
     "view": lambda x, shape: x.reshape(shape),
     "permute": lambda x, dims: x.permute(dims),

@@ -152,13 +152,53 @@ def _buffers(ops: list[TileOp], graph: TileGraph) -> list[TensorSpec]:
     return [graph.specs[n] for n in names]
 
 
+def _compute_itemsize(spec: TensorSpec) -> int:
+    """Bytes of one element inside a kernel: floats compute in fp32 (or wider)."""
+    return max(spec.itemsize, 4) if spec.dtype.is_floating_point else spec.itemsize
+
+
+def _footprint_exprs(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int,
+                     domain: Domain) -> tuple[sympy.Expr, sympy.Expr | None]:
+    """(footprint, largest single tile buffer or None) over TILE_ROWS/TILE_COLS.
+
+    The footprint follows ``hw.footprint_model``: "all_live" is buffering x every
+    live tile buffer; "per_op" is the largest operand + result working set of one op
+    in the compute dtype (pypto places UB buffers per op, reusing them).
+    """
+    if hw.footprint_model == "per_op":
+        sets = []
+        for op in ops:
+            names = list(dict.fromkeys(op.inputs + [op.name]))
+            sets.append(sum(_compute_itemsize(graph.specs[n]) * _tile_elems(graph.specs[n], domain)
+                            for n in names))
+        expr = sympy.Max(*sets) if len(sets) > 1 else sets[0]
+    else:
+        expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain)
+                               for spec in _buffers(ops, graph))
+    largest = None
+    if hw.max_tile_buffer_fraction is not None:
+        bufs = [_compute_itemsize(spec) * _tile_elems(spec, domain) for spec in _buffers(ops, graph)]
+        largest = sympy.Max(*bufs) if len(bufs) > 1 else bufs[0]
+    return expr, largest
+
+
 def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int) -> TilePlan:
+    """The tile shape of a group of ops and its footprint against the hardware's buffer.
+
+    Vector tiles: the most rows (from _ROW_CHOICES) that fit, over cols spanning the
+    reduced extent (row/reduce domains) or the last dim (pointwise: halved until it
+    fits). The hardware model's tile preferences (``preferred_max_tile_cols``,
+    ``tile_col_align_bytes``, ``min_tile_rows``, ``max_tile_buffer_fraction``) shape
+    pointwise tiles for targets such as pypto; with their defaults (the host) none
+    of them applies.
+    """
     domain = group_domain(ops, graph)
     if domain.matmul:
         return _plan_cube_tile(ops, graph, hw, buffering, domain)
     capacity = hw.vector_capacity_bytes
-    expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain)
-                           for spec in _buffers(ops, graph))
+    expr, largest_expr = _footprint_exprs(ops, graph, hw, buffering, domain)
+    buffer_cap = (None if hw.max_tile_buffer_fraction is None
+                  else int(hw.max_tile_buffer_fraction * capacity))
     if domain.kind == "row":
         cols_expr = domain.rnumel
     elif domain.kind == "reduce":
@@ -166,28 +206,63 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
     else:
         cols_expr = domain.shape[-1] if domain.shape else sympy.Integer(1)
     cols = graph.hint(cols_expr)
+    full_cols = cols
     if domain.kind == "pointwise":
         cols = min(cols, _MAX_POINTWISE_COLS)
     total = graph.hint(domain.numel * domain.rnumel)
-    rows_max = max(total // max(cols, 1), 1)
     hinted = expr.subs(graph.size_hints)
-    for rows in _ROW_CHOICES:
-        if rows > rows_max and rows != 1:
-            continue
-        footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
-        if footprint <= capacity or rows == 1:
-            break
-    if domain.kind == "pointwise":  # pointwise: narrower columns still fit
-        while footprint > capacity and cols > 1:
+    largest = largest_expr.subs(graph.size_hints) if largest_expr is not None else None
+    item = max((_compute_itemsize(s) for s in _buffers(ops, graph)), default=4)
+    align = max(hw.tile_col_align_bytes // item, 1)
+
+    def aligned(c: int) -> int:
+        return c if c >= full_cols or align <= 1 else max(align, c - c % align)
+
+    if domain.kind == "pointwise" and hw.preferred_max_tile_cols is not None:
+        # Few rows: keep wider columns so one tile still holds a full buffer's worth.
+        per_buffer = (buffer_cap or capacity) // item
+        domain_rows = max(total // max(full_cols, 1), 1)
+        cols = aligned(min(cols, max(hw.preferred_max_tile_cols, per_buffer // domain_rows)))
+
+    def measure(rows: int, c: int) -> tuple[int, bool]:
+        at = {TILE_ROWS: rows, TILE_COLS: c}
+        footprint = int(hinted.subs(at))
+        ok = footprint <= capacity and (largest is None or int(largest.subs(at)) <= buffer_cap)
+        return footprint, ok
+
+    def choose_rows(c: int) -> tuple[int, int, bool]:
+        rows_max = max(total // max(c, 1), 1)
+        for rows in _ROW_CHOICES:
+            if rows > rows_max and rows != 1:
+                continue
+            footprint, ok = measure(rows, c)
+            if ok or rows == 1:
+                return rows, footprint, ok
+        raise AssertionError("unreachable")
+
+    rows, footprint, ok = choose_rows(cols)
+    if domain.kind == "pointwise":
+        # Keep at least min_tile_rows rows (where the domain has them) by narrowing.
+        want = min(hw.min_tile_rows, max(total // max(cols, 1), 1))
+        while rows < want and cols > align and aligned(cols // 2) < cols:
+            cols = aligned(cols // 2)
+            rows, footprint, ok = choose_rows(cols)
+            want = min(hw.min_tile_rows, max(total // max(cols, 1), 1))
+        # narrower columns still fit
+        while not ok and cols > 1:
             cols //= 2
-            footprint = int(hinted.subs({TILE_ROWS: rows, TILE_COLS: cols}))
-    return TilePlan((rows, cols), expr, footprint, capacity, footprint <= capacity)
+            footprint, ok = measure(rows, cols)
+    return TilePlan((rows, cols), expr, footprint, capacity, ok)
 
 
 def _plan_cube_tile(ops, graph, hw, buffering, domain) -> TilePlan:
     matmul = next(op for op in ops if op.kind is OpKind.MATMUL)
     itemsize = matmul.out.itemsize
     epilogue = [spec for spec in _buffers(ops, graph) if spec.numel == domain.numel]
+    if hw.footprint_model == "per_op":
+        # The cube buffer holds the operand tiles and the accumulator; the epilogue
+        # runs op by op on the vector unit, in its own buffer (UB on Ascend).
+        epilogue = []
     expr = (buffering * itemsize * (TILE_M * TILE_K + TILE_K * TILE_N)
             + TILE_M * TILE_N * 4  # fp32 accumulator
             + buffering * TILE_M * TILE_N * sum(s.itemsize for s in epilogue))

@@ -1,17 +1,21 @@
 """The fusion planner: TileGraph -> FusionPlan.
 
 Every non-view tile op starts as its own group. Candidate merges are the
-producer -> consumer edges between groups; each is checked for legality
-(acyclic after merging, compatible iteration domains, dtype policy, on-chip
-capacity) and scored by the ROI model. The best legal candidate whose score
-clears the threshold is merged, its neighbours re-scored, until none is left
-(greedy by benefit, as XLA's priority fusion). Every merge and every edge left
-unfused at the end is recorded as a Decision with its reason and ROI.
+producer -> consumer edges between groups and siblings (groups reading the
+same value); a merge also takes every group on a path between its candidates,
+so the result stays acyclic. Each is checked for legality (compatible
+iteration domains, dtype policy, on-chip capacity) and scored by the ROI
+model. Among the legal candidates whose score clears the threshold, the one
+saving the most predicted time is merged and the rest re-scored, until none is
+left (greedy by benefit, as XLA's priority fusion). Every merge and every
+candidate left unfused at the end is recorded as a Decision with its reason
+and ROI.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 
 import torch
 
@@ -22,6 +26,8 @@ from .capacity import TilePlan, domains_compatible, group_domain, plan_tile, poi
 from .roi import CostModel, RoiEstimate
 
 _HALF = (torch.float16, torch.bfloat16)
+MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
+MAX_SIBLINGS = 8  # readers of one value considered pairwise
 
 
 @dataclasses.dataclass
@@ -61,14 +67,15 @@ def _float_dtypes(ops: list[TileOp], graph: TileGraph) -> set[torch.dtype]:
     return dts
 
 
-def compute_dtype(ops: list[TileOp], graph: TileGraph) -> str:
+def compute_dtype(ops: list[TileOp], graph: TileGraph, policy: str = "upcast") -> str:
+    """The dtype a FusionTile computes in: half types upcast to fp32 unless strict."""
     dts = _float_dtypes(ops, graph)
     if not dts:
         dts = {graph.specs[ops[-1].name].dtype}
     if len(dts) == 1:
         (dt,) = dts
         name = str(dt).replace("torch.", "")
-        return f"float32 (upcast from {name})" if dt in _HALF else name
+        return f"float32 (upcast from {name})" if dt in _HALF and policy == "upcast" else name
     widest = torch.float64 if torch.float64 in dts else torch.float32
     narrow = sorted(str(d).replace("torch.", "") for d in dts if d in _HALF)
     return str(widest).replace("torch.", "") + (f" (upcast from {', '.join(narrow)})" if narrow else "")
@@ -96,6 +103,13 @@ class _Planner:
                 if p is not None and (id(p), id(node)) not in seen:
                     seen.add((id(p), id(node)))
                     self.edges.append((p, node))
+        # Compute ops reading the same value: sibling candidates (a shared read saved).
+        readers: dict[str, list[Node]] = {}
+        for node in graph.nodes:
+            if self.fusable(node) and not node.is_view:
+                for name in dict.fromkeys(node.inputs):
+                    readers.setdefault(name, []).append(node)
+        self.siblings = [r[:MAX_SIBLINGS] for r in readers.values() if len(r) > 1]
         self._tile_cache: dict[tuple, TilePlan] = {}
         self._eval_cache: dict[tuple, tuple] = {}
         self.version: dict[int, int] = {}  # bumped when a group's members change
@@ -118,29 +132,42 @@ class _Planner:
             self._tile_cache[key] = plan_tile(ops, self.graph, self.hw, self.config.buffering)
         return self._tile_cache[key]
 
-    def group_edges(self) -> dict[int, set[int]]:
+    def group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """(successors, predecessors) of every group."""
         succ: dict[int, set[int]] = {g: set() for g in self.members}
+        pred: dict[int, set[int]] = {g: set() for g in self.members}
         for p, c in self.edges:
             gp, gc = self.group_of[id(p)], self.group_of[id(c)]
             if gp != gc:
                 succ[gp].add(gc)
-        return succ
+                pred[gc].add(gp)
+        return succ, pred
 
     @staticmethod
-    def creates_cycle(gids: list[int], succ: dict[int, set[int]]) -> bool:
-        """Does a path leave the merged set and come back (through another kernel)?"""
-        inside = set(gids)
-        stack = [n for g in gids for n in succ[g] if n not in inside]
+    def _reach(start: set[int], edges: dict[int, set[int]]) -> set[int]:
+        """Groups reachable from ``start`` (excluding it) along ``edges``."""
+        stack = [n for g in start for n in edges[g] if n not in start]
         seen = set(stack)
         while stack:
-            g = stack.pop()
-            for nxt in succ[g]:
-                if nxt in inside:
-                    return True
-                if nxt not in seen:
+            for nxt in edges[stack.pop()]:
+                if nxt not in seen and nxt not in start:
                     seen.add(nxt)
                     stack.append(nxt)
-        return False
+        return seen
+
+    def closure(self, gids: list[int], succ, pred) -> list[int] | str:
+        """The groups to merge so the result stays acyclic: ``gids`` plus every group
+        on a path between two of them; or the reason that is impossible."""
+        inside = set(gids)
+        between = self._reach(inside, succ) & self._reach(inside, pred)
+        for g in between:
+            blocker = next((n for n in self.members[g] if not self.fusable(n)), None)
+            if blocker is not None:
+                name = blocker.op_name if isinstance(blocker, ExternOp) else blocker.op
+                return f"merging would create a cycle through {blocker.name} ({name}), which cannot join a kernel"
+        if len(inside | between) > MAX_GROUPS_PER_MERGE:
+            return f"merging would pull {len(inside | between)} kernels into one (limit {MAX_GROUPS_PER_MERGE})"
+        return sorted(inside | between, key=lambda g: min(self.order[id(n)] for n in self.members[g]))
 
     def candidate(self, p: Node, c: Node) -> list[int] | None:
         """Groups a producer -> consumer edge would merge, producer first.
@@ -162,15 +189,16 @@ class _Planner:
         return gids if len(gids) > 1 else None
 
     # --- evaluation of one candidate ------------------------------------------------
-    def evaluate(self, gids: list[int], succ) -> tuple[str | None, RoiEstimate | None]:
-        """(reason the merge is illegal or None, ROI estimate) for merging these groups."""
-        if self.creates_cycle(gids, succ):
-            return "merging would create a cycle (another kernel sits between them)", None
-        # Everything but the cycle check depends only on the groups' members.
-        key = tuple((g, self.version.get(g, 0)) for g in gids)
+    def evaluate(self, gids: list[int], succ, pred) -> tuple[str | None, RoiEstimate | None, list[int]]:
+        """(reason the merge is illegal or None, ROI estimate, groups merged) for these groups."""
+        closed = self.closure(gids, succ, pred)
+        if isinstance(closed, str):
+            return closed, None, gids
+        # Everything but the closure depends only on the groups' members.
+        key = tuple((g, self.version.get(g, 0)) for g in closed)
         if key not in self._eval_cache:
-            self._eval_cache[key] = self._evaluate_members(gids)
-        return self._eval_cache[key]
+            self._eval_cache[key] = self._evaluate_members(closed)
+        return (*self._eval_cache[key], closed)
 
     def _evaluate_members(self, gids: list[int]) -> tuple[str | None, RoiEstimate | None]:
         groups = [self.ops(g) for g in gids]
@@ -201,26 +229,38 @@ class _Planner:
         return None, roi
 
     # --- the greedy loop -------------------------------------------------------------
+    def candidates(self):
+        """(producer, consumer, groups) of every merge worth considering now: producer ->
+        consumer edges, and siblings (two groups reading the same value)."""
+        for p, c in self.edges:
+            gids = self.candidate(p, c)
+            if gids is not None:
+                yield p, c, gids
+        for readers in self.siblings:
+            for a, b in itertools.combinations(readers, 2):
+                ga, gb = self.group_of[id(a)], self.group_of[id(b)]
+                if ga != gb:
+                    yield a, b, [ga, gb]
+
     def run(self) -> list[Decision]:
         decisions: list[Decision] = []
         threshold = self.config.roi_threshold
         while self.config.fusion:
-            succ = self.group_edges()
+            succ, pred = self.group_edges()
             best = None
-            for p, c in self.edges:
-                gids = self.candidate(p, c)
-                if gids is None:
-                    continue
-                why, roi = self.evaluate(gids, succ)
+            for p, c, gids in self.candidates():
+                why, roi, closed = self.evaluate(gids, succ, pred)
                 if why is None and roi.roi_score >= threshold:
-                    if best is None or roi.roi_score > best[3].roi_score:
-                        best = (p, c, gids, roi)
+                    if best is None or roi.saving_us > best[3].saving_us:
+                        best = (p, c, closed, roi, len(closed) - len(gids))
             if best is None:
                 break
-            p, c, gids, roi = best
-            decisions.append(Decision(p.name, c.name, True,
-                                      f"fused: roi_score {roi.roi_score:.2f} >= {threshold}", roi))
-            self.merge(gids)
+            p, c, closed, roi, extra = best
+            reason = f"fused: roi_score {roi.roi_score:.2f} >= {threshold}"
+            if extra:
+                reason += f" (with {extra} kernel(s) between them, to stay acyclic)"
+            decisions.append(Decision(p.name, c.name, True, reason, roi))
+            self.merge(closed)
         return decisions + self.unfused_decisions()
 
     def merge(self, gids: list[int]) -> None:
@@ -234,14 +274,14 @@ class _Planner:
             self.group_of[id(node)] = target
 
     def unfused_decisions(self) -> list[Decision]:
-        succ = self.group_edges()
+        succ, pred = self.group_edges()
         out, seen = [], set()
-        for p, c in self.edges:
-            gids = self.candidate(p, c)
-            if gids is None or tuple(gids) in seen:
+        for p, c, gids in self.candidates():
+            key = frozenset(gids)
+            if key in seen:
                 continue
-            seen.add(tuple(gids))
-            why, roi = self.evaluate(gids, succ)
+            seen.add(key)
+            why, roi, _ = self.evaluate(gids, succ, pred)
             if not self.config.fusion:
                 why = "fusion disabled (fusion=False)"
             elif why is None:
@@ -252,7 +292,7 @@ class _Planner:
     # --- result ------------------------------------------------------------------------
     def schedule(self) -> list[int]:
         """Groups in a topological order, each as early as its first op allows."""
-        succ = self.group_edges()
+        succ, _ = self.group_edges()
         indeg = {g: 0 for g in self.members}
         for g, nexts in succ.items():
             for n in nexts:
@@ -281,7 +321,7 @@ class _Planner:
         label = "_".join(dict.fromkeys(op.op for op in ops))[:48]
         return FusionTile(
             name=f"{self.graph.name}_k{index}_{label}", ops=ops, inputs=inputs, outputs=outputs,
-            dtype=compute_dtype(ops, self.graph), tile_shape=tp.tile_shape,
+            dtype=compute_dtype(ops, self.graph, self.config.dtype_policy), tile_shape=tp.tile_shape,
             footprint_expr=tp.footprint_expr, footprint_bytes=tp.footprint_bytes,
             capacity_bytes=tp.capacity_bytes, kind=kind, predicted_us=cost.time_us,
             gm_bytes=cost.gm_bytes,

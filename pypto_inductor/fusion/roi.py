@@ -3,6 +3,11 @@
 t(kernel) = launch + max(global-memory bytes / bandwidth, flops / peak)
 roi_score = (t(producer) + t(consumer)) / t(merged)
 
+Hardware models may add terms (0/None on the host; fitted for ascend-a2 in
+docs/ascend_calibration.md): ``ops x hw.op_us`` and ``hw.cube_epilogue_us`` (a
+matmul kernel with an epilogue) to the fixed cost, and ``domain elements /
+hw.vector_elems_per_s`` inside the max.
+
 Sizes are evaluated once at the graph's example sizes (size hints), so the
 planner's arithmetic is on ints; the symbolic forms live in the FusionTiles.
 """
@@ -41,6 +46,10 @@ class RoiEstimate:
     l1_pressure_increase_pct: float
 
     @property
+    def saving_us(self) -> float:
+        return self.t_unfused_us - self.t_fused_us
+
+    @property
     def roi_score(self) -> float:
         return self.t_unfused_us / self.t_fused_us if self.t_fused_us > 0 else 1.0
 
@@ -69,6 +78,7 @@ class CostModel:
             if hasattr(spec, "nbytes")
         }
         self.op_flops = {id(op): self.flops(op) for op in graph.nodes if isinstance(op, TileOp)}
+        self.op_elems = {id(op): self.elems(op) for op in graph.nodes if isinstance(op, TileOp)}
 
     def read_bytes(self, name: str) -> int:
         """Bytes a kernel reads for an input: an expanded view reads only its source."""
@@ -88,6 +98,14 @@ class CostModel:
         else:
             elems = self.graph.hint(op.out.numel)
         return elems * _TRANSCENDENTAL.get(op.op, 1)
+
+    def elems(self, op: TileOp) -> int:
+        """Elements of the op's iteration domain (a reduction iterates over its input)."""
+        if op.kind is OpKind.LAYOUT:
+            return 0
+        if op.kind is OpKind.REDUCTION:
+            return self.graph.hint(self.graph.specs[op.args[0]].numel)
+        return self.graph.hint(op.out.numel)
 
     def boundary(self, ops: list[TileOp]) -> tuple[list[str], list[str]]:
         """(values read from GM, values written to GM) of a group of ops."""
@@ -114,7 +132,16 @@ class CostModel:
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         peak = self.hw.cube_flops_per_s if cube else self.hw.vector_flops_per_s
         seconds = max(gm / self.hw.gm_bandwidth_bytes_per_s, flops / peak)
-        return KernelCost(gm, flops, 1, self.hw.launch_us + seconds * 1e6)
+        if self.hw.vector_elems_per_s:  # a pass over the iteration domain (see hardware.py)
+            elems = max(self.op_elems[id(op)] for op in ops)
+            seconds = max(seconds, elems / self.hw.vector_elems_per_s)
+        fixed = self.hw.launch_us
+        if self.hw.op_us:
+            fixed += self.hw.op_us * sum(1 for op in ops if not op.is_view)
+        if cube and self.hw.cube_epilogue_us and any(
+                op.kind is not OpKind.MATMUL and not op.is_view for op in ops):
+            fixed += self.hw.cube_epilogue_us
+        return KernelCost(gm, flops, 1, fixed + seconds * 1e6)
 
     def merge_estimate(self, groups: list[list[TileOp]], footprints: list[int],
                        fused_footprint: int) -> RoiEstimate:

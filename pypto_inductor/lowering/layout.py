@@ -108,7 +108,14 @@ def lower_unbind(ctx, x, dim=0):
 @register_lowering(aten.cat)
 def lower_cat(ctx, tensors, dim=0):
     out = ctx.out_spec
-    parts = [t for t in tensors if ctx.spec(t).shape != (0,)]  # legacy empty inputs
-    if any(ctx.spec(t).dtype != out.dtype for t in parts):
-        raise Unsupported("cat of mixed dtypes")
+    # ATen skips legacy 1-D empty inputs; if every input is one, the result is one too.
+    parts = [t for t in tensors if ctx.spec(t).shape != (0,)] or list(tensors[:1])
+    parts = [_cast(ctx, t, out.dtype) for t in parts]  # cat promotes mixed dtypes
     return ctx.emit("cat", OpKind.LAYOUT, tuple(parts), dim=int(dim) % len(out.shape))
+
+
+def _cast(ctx, x, dtype):
+    spec = ctx.spec(x)
+    if spec.dtype == dtype:
+        return x
+    return ctx.emit("cast", OpKind.CAST, (x,), out=ctx.new_spec(spec.shape, dtype), dtype=dtype)

@@ -19,13 +19,21 @@ def _matmul(ctx, a, b, out=None):
     return ctx.emit("matmul", OpKind.MATMUL, (a, b), out=out)
 
 
+def _check_out_dtype(ctx, a, out_dtype):
+    """The .dtype overloads (e.g. mm.dtype) accumulate into another output dtype."""
+    if out_dtype is not None and out_dtype != ctx.spec(a).dtype:
+        raise Unsupported(f"matmul with out_dtype {out_dtype}")
+
+
 @register_lowering(aten.mm, aten.bmm)
-def lower_mm(ctx, a, b):
+def lower_mm(ctx, a, b, out_dtype=None):
+    _check_out_dtype(ctx, a, out_dtype)
     return _matmul(ctx, a, b, out=ctx.out_spec)
 
 
 @register_lowering(aten.addmm, aten.baddbmm)
-def lower_addmm(ctx, bias, a, b, *, beta=1, alpha=1):
+def lower_addmm(ctx, bias, a, b, out_dtype=None, *, beta=1, alpha=1):
+    _check_out_dtype(ctx, a, out_dtype)
     product = _matmul(ctx, a, b)
     if alpha != 1:
         product = ctx.pointwise("mul", (product, alpha), out=ctx.spec(product))

@@ -1,6 +1,7 @@
 """Elementwise, broadcast and cast lowerings: one tile op per ATen call."""
 from __future__ import annotations
 
+import sympy
 import torch
 
 from ..ir import OpKind
@@ -52,19 +53,42 @@ _register_table(UNARY, 1)
 _register_table(BINARY, 2)
 
 
+@register_lowering(aten.round.decimals)
+def lower_round_decimals(ctx, x, *, decimals=0):
+    """ATen's round-half-even to ``decimals`` places, as ATen computes it:
+    round(x * 10**d) / 10**d, or round(x / 10**-d) * 10**-d for negative d."""
+    decimals = int(decimals)
+    if decimals == 0:
+        return ctx.pointwise("round", (x,))
+    if not ctx.spec(x).dtype.is_floating_point:
+        raise Unsupported("round with decimals of an integer tensor")
+    scale = float(10 ** abs(decimals))
+    pre, post = ("mul", "div") if decimals > 0 else ("div", "mul")
+    spec = ctx.spec(x)
+    scaled = ctx.pointwise(pre, (x, scale), out=spec)
+    rounded = ctx.pointwise("round", (scaled,), out=spec)
+    return ctx.pointwise(post, (rounded, scale))
+
+
 @register_lowering(aten.add, aten.sub)
 def lower_add_sub(ctx, a, b, alpha=1):
     op = ctx.aten_name  # "add" or "sub"
-    if alpha != 1:
-        b = ctx.pointwise("mul", (b, alpha), out=ctx.spec(b) if isinstance(b, str) else None)
-    return ctx.pointwise(op, (a, b))
+    return ctx.pointwise(op, (a, _scaled(ctx, b, alpha)))
 
 
 @register_lowering(aten.rsub)
 def lower_rsub(ctx, a, b, alpha=1):
-    if alpha != 1:
-        raise Unsupported("rsub with alpha != 1")
-    return ctx.pointwise("sub", (b, a))
+    """rsub(a, b, alpha) = b - alpha * a."""
+    return ctx.pointwise("sub", (b, _scaled(ctx, a, alpha)))
+
+
+def _scaled(ctx, x, alpha):
+    """alpha * x for add/sub's alpha: folded for a scalar x, a mul tile op for a tensor."""
+    if alpha == 1:
+        return x
+    if not isinstance(x, str):
+        return x * alpha
+    return ctx.pointwise("mul", (x, alpha), out=ctx.spec(x))
 
 
 @register_lowering(aten.gelu)
@@ -79,6 +103,10 @@ def lower_leaky_relu(ctx, x, negative_slope=0.01):
 
 @register_lowering(aten.hardtanh)
 def lower_hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    if not ctx.spec(x).dtype.is_floating_point:
+        # hardtanh keeps an integer dtype: ATen converts the bounds to it (toward zero),
+        # where clamp would promote to float.
+        min_val, max_val = int(min_val), int(max_val)
     return ctx.pointwise("clamp", (x,), min=min_val, max=max_val)
 
 
@@ -96,13 +124,45 @@ def lower_elu(ctx, x, alpha=1, scale=1, input_scale=1):
 def lower_clamp(ctx, x, min=None, max=None):
     if ctx.aten_name == "clamp_max":
         min, max = None, min
-    if isinstance(min, str) or isinstance(max, str):
-        raise Unsupported("clamp with tensor bounds")
-    return ctx.pointwise("clamp", (x,), min=min, max=max)
+    if not (isinstance(min, str) or isinstance(max, str)):
+        return ctx.pointwise("clamp", (x,), min=min, max=max)
+    # Tensor bounds: min(max(x, lo), hi) in the promoted dtype, which also matches
+    # clamp's NaN propagation (a NaN in x or in a bound gives NaN).
+    out = ctx.out_spec
+    result = _cast(ctx, x, out.dtype)
+    for op, bound in (("maximum", min), ("minimum", max)):
+        if bound is None:
+            continue
+        if isinstance(bound, str):
+            bound = _cast(ctx, bound, out.dtype)
+            shape = broadcast_shapes(ctx.spec(result).shape, ctx.spec(bound).shape)
+        else:
+            shape = ctx.spec(result).shape
+        result = ctx.pointwise(op, (result, bound), out=ctx.new_spec(shape, out.dtype))
+    if ctx.spec(result).shape != out.shape:
+        result = ctx.emit("expand", OpKind.LAYOUT, (result,), shape=out.shape)
+    return result
+
+
+def _cast(ctx, x, dtype):
+    spec = ctx.spec(x)
+    if spec.dtype == dtype:
+        return x
+    return ctx.emit("cast", OpKind.CAST, (x,), out=ctx.new_spec(spec.shape, dtype), dtype=dtype)
+
+
+def broadcast_shapes(a, b) -> tuple:
+    """The broadcast of two shapes of sympy sizes (a size-1 dim stretches)."""
+    n = len(a) if len(a) >= len(b) else len(b)
+    a = (sympy.Integer(1),) * (n - len(a)) + tuple(a)
+    b = (sympy.Integer(1),) * (n - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 @register_lowering(aten.where)
-def lower_where(ctx, cond, a, b):
+def lower_where(ctx, cond, a=None, b=None):
+    if a is None:  # where.default(cond): the indices of true elements, data-dependent sizes
+        raise Unsupported("where(cond) without values has data-dependent output sizes")
     return ctx.pointwise("where", (cond, a, b))
 
 

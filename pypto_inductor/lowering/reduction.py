@@ -13,11 +13,18 @@ aten = torch.ops.aten
 
 
 def normalize_dims(dims, ndim: int) -> tuple[int, ...]:
+    """Sorted non-negative reduction dims; None or [] mean all dims.
+
+    A 0-d tensor has no dims to reduce: dim 0 / -1 (which ATen accepts for it)
+    and "all dims" both become ``()``.
+    """
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(ndim))
     if isinstance(dims, int):
         dims = [dims]
-    return tuple(sorted({int(d) % max(ndim, 1) for d in dims}))
+    if ndim == 0:
+        return ()
+    return tuple(sorted({int(d) % ndim for d in dims}))
 
 
 def _reduce(ctx, op, x, dims, keepdim, **attrs):
@@ -47,11 +54,23 @@ def lower_any_all(ctx, x, dims=None, keepdim=False):
 
 @register_lowering(aten.argmax, aten.argmin)
 def lower_argmax(ctx, x, dim=None, keepdim=False):
-    if dim is None:
-        if len(ctx.spec(x).shape) > 1:
-            raise Unsupported("argmax over a flattened tensor")
-        dim = 0
-    return _reduce(ctx, ctx.aten_name, x, dim, keepdim)
+    spec = ctx.spec(x)
+    if dim is None and len(spec.shape) > 1:
+        # The index into the flattened tensor: argmax of a 1-D view, reshaped for keepdim.
+        flat = ctx.emit("view", OpKind.LAYOUT, (x,), out=ctx.new_spec((spec.numel,), spec.dtype),
+                        shape=(spec.numel,))
+        if not keepdim:
+            return _reduce(ctx, ctx.aten_name, flat, 0, False)
+        index = _reduce(ctx, ctx.aten_name, flat, 0, False,
+                        out=ctx.new_spec((), ctx.out_spec.dtype))
+        return ctx.emit("view", OpKind.LAYOUT, (index,), shape=ctx.out_spec.shape)
+    return _reduce(ctx, ctx.aten_name, x, 0 if dim is None else dim, keepdim)
+
+
+@register_lowering(aten.max.default, aten.min.default)
+def lower_max_all(ctx, x):
+    """max(x) / min(x) with no dim: the extreme value over every element."""
+    return _reduce(ctx, "amax" if ctx.aten_name == "max" else "amin", x, None, False)
 
 
 @register_lowering(aten.max.dim, aten.min.dim)
@@ -63,7 +82,8 @@ def lower_max_dim(ctx, x, dim, keepdim=False):
 
 
 @register_lowering(aten.var, aten.std, aten.var_mean, aten.std_mean)
-def lower_var(ctx, x, dims=None, *, correction=None, keepdim=False, unbiased=None):
+def lower_var(ctx, x, dims=None, unbiased=None, keepdim=False, *, correction=None):
+    # var.correction(x, dims, *, correction, keepdim), var.dim(x, dims, unbiased, keepdim)
     if isinstance(dims, bool):  # var.default(x, unbiased)
         dims, unbiased = None, dims
     if correction is None:

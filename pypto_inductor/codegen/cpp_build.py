@@ -1,0 +1,186 @@
+"""Compiler driver and on-disk cache for the native CPU target.
+
+``load(source, symbol)`` returns the ctypes function ``symbol`` of the shared
+library compiled from ``source``. Libraries live in the cache directory
+(``PYPTO_INDUCTOR_CACHE_DIR``, default ``~/.cache/pypto_inductor``) under the
+sha256 of source + compiler version + flags (+ the host CPU when the flags say
+``-march=native``). A library is written to a temporary file and moved into
+place with ``os.replace`` while holding a file lock, so concurrent processes
+compiling the same kernel are safe; each entry has a checksum side file, and an
+entry that fails its checksum or does not load is rebuilt.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
+              "-fno-trapping-math", "-w")
+NATIVE_FLAGS = ("-march=native",)
+COMPILE_TIMEOUT_S = 300
+
+# Counters, for tests and reports: compiles run, disk hits, memory hits, rebuilt entries.
+stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0}
+
+_loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this process
+_compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
+
+
+class CompilerNotFound(RuntimeError):
+    """No C++ compiler: set CXX or install g++/clang++."""
+
+
+class CompileError(RuntimeError):
+    """The C++ compiler rejected a generated kernel."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "pypto_inductor")
+    path = Path(root) / "cpp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _candidates() -> list[str]:
+    names = []
+    if os.environ.get("CXX"):
+        names.append(os.environ["CXX"])
+    return names + ["c++", "g++", "clang++"]
+
+
+def find_compiler() -> tuple[str, str, tuple[str, ...]] | None:
+    """(compiler path, version line, flags) for the first working compiler, or None."""
+    key = (os.environ.get("CXX"), os.environ.get("PATH"))
+    if key in _compilers:
+        return _compilers[key]
+    found = None
+    for name in _candidates():
+        path = shutil.which(name)
+        if path is None:
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode != 0:
+            continue
+        version = (out.stdout.strip().splitlines() or [path])[0]
+        found = (path, version, _flags_for(path))
+        break
+    _compilers[key] = found
+    return found
+
+
+def _flags_for(cxx: str) -> tuple[str, ...]:
+    """The base flags plus -march=native when the compiler accepts it here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text("extern \"C\" int probe(void) { return 1; }\n")
+        cmd = [cxx, *NATIVE_FLAGS, *BASE_FLAGS, str(src), "-o", str(Path(tmp) / "probe.so")]
+        try:
+            ok = subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+    return (*NATIVE_FLAGS, *BASE_FLAGS) if ok else BASE_FLAGS
+
+
+def _host_id() -> str:
+    """What -march=native depends on: the CPU model and feature flags."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return platform.machine() + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cache_key(source: str, compiler) -> str:
+    path, version, flags = compiler
+    host = _host_id() if "-march=native" in flags else platform.machine()
+    text = "\n".join([source, version, " ".join(flags), host])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _try_load(so: Path, symbol: str) -> ctypes.CDLL | None:
+    """The library if it exists, matches its checksum, loads and has ``symbol``."""
+    side = so.with_suffix(".sha256")
+    try:
+        if not so.exists() or not side.exists() or side.read_text().strip() != _checksum(so):
+            return None
+        lib = ctypes.CDLL(str(so))
+        getattr(lib, symbol)
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+def _compile(source: str, compiler, out: Path) -> None:
+    path, _, flags = compiler
+    src = out.with_suffix(".cpp")
+    src.write_text(source)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
+    os.close(fd)
+    cmd = [path, *flags, str(src), "-o", tmp]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if result.returncode != 0:
+            err = (result.stderr or result.stdout).strip()
+            raise CompileError(f"{Path(path).name} failed on {src}: {err[:2000]}")
+        stats["compiles"] += 1
+        side_tmp = tmp + ".sha256"
+        Path(side_tmp).write_text(_checksum(Path(tmp)))
+        os.replace(tmp, out)
+        os.replace(side_tmp, out.with_suffix(".sha256"))
+    finally:
+        for leftover in (tmp, tmp + ".sha256"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+def load(source: str, symbol: str):
+    """The ctypes function ``symbol`` compiled from ``source`` (cached)."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++)")
+    key = cache_key(source, compiler)
+    lib = _loaded.get(key)
+    if lib is not None:
+        stats["memory_hits"] += 1
+        return getattr(lib, symbol)
+    root = cache_dir()
+    so = root / f"{key}.so"
+    lib = _try_load(so, symbol)
+    if lib is None:
+        with FileLock(str(root / f"{key}.lock")):
+            lib = _try_load(so, symbol)  # another process may have built it meanwhile
+            if lib is None:
+                if so.exists():
+                    stats["rebuilt"] += 1
+                _compile(source, compiler, so)
+                lib = _try_load(so, symbol)
+                if lib is None:
+                    raise CompileError(f"compiled {so} but it does not load")
+            else:
+                stats["disk_hits"] += 1
+    else:
+        stats["disk_hits"] += 1
+    _loaded[key] = lib
+    return getattr(lib, symbol)

@@ -1,0 +1,412 @@
+"""C++ source for one analysed FusionTile (a :class:`cpp.Program`).
+
+The function is ``extern "C" void pi_kernel(void* const* ptrs, const int64_t*
+meta, const int64_t* syms, int nt)``: ``ptrs`` holds the inputs then the
+outputs, ``meta`` each input's sizes then strides, ``syms`` the graph's size
+symbols, ``nt`` the thread count. Domain sizes are printed from sympy with
+torch's CppPrinter. Work items (rows, or row chunks for pointwise tiles) run
+under ``omp parallel for``; each reduction is one ``omp simd reduction`` pass
+over the row; a fast path with unit/zero column strides (checked once per call)
+is emitted beside a generic strided path.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch.utils._sympy.printers import CppPrinter
+
+from .cpp_prelude import PRELUDE
+from .sizes import is_symbolic
+
+_PRINTER = CppPrinter()
+POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
+PARALLEL_MIN = 32768  # fewer elements run on one thread
+
+STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "uint16_t",
+           torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+
+
+def ctype(dt) -> str:
+    if dt is None or dt.is_floating_point:
+        return "float"
+    return "bool" if dt == torch.bool else "int64_t"
+
+
+def finalize(e: str, dt) -> str:
+    """An expression rounded to dtype ``dt`` (kept in its compute type)."""
+    if dt is None or dt == torch.float32:
+        return f"(float)({e})"
+    if dt == torch.float16:
+        return f"rnd_f16((float)({e}))"
+    if dt == torch.bfloat16:
+        return f"rnd_bf16((float)({e}))"
+    if dt == torch.bool:
+        return f"(bool)({e})"
+    return f"(int64_t)({STORAGE[dt]})({e})"
+
+
+def conv(e: str, src, dst) -> str:
+    src, dst = src or torch.float32, dst or torch.float32
+    if src == dst or (dst == torch.float32 and src.is_floating_point):
+        return e
+    return finalize(e, dst)
+
+
+def load(e: str, dt) -> str:
+    if dt == torch.float16:
+        return f"ld_f16({e})"
+    if dt == torch.bfloat16:
+        return f"ld_bf16({e})"
+    return e if dt in (torch.float32, torch.bool) else f"(int64_t){e}"
+
+
+def store(e: str, dt) -> str:
+    if dt == torch.float16:
+        return f"st_f16({e})"
+    if dt == torch.bfloat16:
+        return f"st_bf16({e})"
+    return e if dt == torch.float32 else f"({STORAGE[dt]})({e})"
+
+
+def size(expr) -> str:
+    return f"((int64_t)({_PRINTER.doprint(sympy.sympify(expr))}))"
+
+
+def literal(v, dt) -> str:
+    ct = ctype(dt)
+    if is_symbolic(v) or isinstance(v, sympy.Basic):
+        return f"(({ct})({_PRINTER.doprint(v)}))"
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, int):
+        text = f"{v}LL"
+    elif math.isnan(v):
+        text = "NAN"
+    elif math.isinf(v):
+        text = "INFINITY" if v > 0 else "-INFINITY"
+    else:
+        text = repr(float(v))
+    return f"(({ct})({text}))" if ct != "bool" else f"((bool)({text}))"
+
+
+def _pow(a, n):
+    x, y = a
+    e = n.args[1]
+    scalar = n.args[1].value if not hasattr(e, "id") else None
+    if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
+        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
+                   -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
+                   -2: f"(1.0f / ({x} * {x}))", 0: "1"}
+        if scalar in special:
+            return special[scalar]
+    return f"std::pow({x}, {y})"
+
+
+def _clamp(a, n):
+    x = a[0]
+    lo, hi = n.attrs.get("min"), n.attrs.get("max")
+    if lo is not None:
+        x = f"pi_max_nf({x}, {literal(lo, n.attrs['common'])})"
+    if hi is not None:
+        x = f"pi_min_nf({x}, {literal(hi, n.attrs['common'])})"
+    return x
+
+
+def _f(fn):
+    return lambda a, n: f"{fn}({a[0]})"
+
+
+OPS = {
+    "add": lambda a, n: f"({a[0]} + {a[1]})", "sub": lambda a, n: f"({a[0]} - {a[1]})",
+    "mul": lambda a, n: f"({a[0]} * {a[1]})", "div": lambda a, n: f"({a[0]} / {a[1]})",
+    "neg": lambda a, n: f"(-{a[0]})", "copy": lambda a, n: a[0], "cast": lambda a, n: a[0],
+    "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),
+    "exp": _f("pi_exp"), "log": _f("std::log"), "sqrt": _f("std::sqrt"),
+    "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
+    "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
+    "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
+    "gelu": lambda a, n: (f"pi_gelu_tanh({a[0]})" if n.attrs.get("approximate") == "tanh"
+                          else f"pi_gelu({a[0]})"),
+    "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
+    "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
+    "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
+    "tan": _f("std::tan"), "floor": _f("std::floor"), "ceil": _f("std::ceil"),
+    "trunc": _f("std::trunc"), "round": _f("std::nearbyint"),
+    "reciprocal": lambda a, n: f"(1.0f / {a[0]})",
+    "abs": lambda a, n: (f"std::fabs({a[0]})" if ctype(n.attrs["common"]) == "float"
+                         else f"pi_abs({a[0]})"),
+    "sign": _f("pi_sign"),
+    "maximum": lambda a, n: f"pi_max({a[0]}, {a[1]})",
+    "minimum": lambda a, n: f"pi_min({a[0]}, {a[1]})",
+    "pow": _pow, "clamp": _clamp,
+    "eq": lambda a, n: f"({a[0]} == {a[1]})", "ne": lambda a, n: f"({a[0]} != {a[1]})",
+    "lt": lambda a, n: f"({a[0]} < {a[1]})", "le": lambda a, n: f"({a[0]} <= {a[1]})",
+    "gt": lambda a, n: f"({a[0]} > {a[1]})", "ge": lambda a, n: f"({a[0]} >= {a[1]})",
+    "where": lambda a, n: f"({a[0]} ? {a[1]} : {a[2]})",
+    "logical_not": lambda a, n: f"(!{a[0]})",
+    "logical_and": lambda a, n: f"({a[0]} && {a[1]})",
+    "logical_or": lambda a, n: f"({a[0]} || {a[1]})",
+    "logical_xor": lambda a, n: f"({a[0]} != {a[1]})",
+    "isnan": lambda a, n: f"({a[0]} != {a[0]})",
+    "bitwise_and": lambda a, n: f"({a[0]} & {a[1]})",
+    "bitwise_or": lambda a, n: f"({a[0]} | {a[1]})",
+    "bitwise_xor": lambda a, n: f"({a[0]} ^ {a[1]})",
+    "bitwise_not": lambda a, n: (f"(!{a[0]})" if n.attrs["common"] == torch.bool
+                                 else f"(~{a[0]})"),
+    "leaky_relu": lambda a, n: f"({a[0]} > 0 ? {a[0]} : {a[0]} * "
+                               f"{literal(n.attrs['negative_slope'], n.attrs['common'])})",
+}
+_FLOAT_ONLY = set(OPS) - {"add", "sub", "mul", "neg", "copy", "cast", "full", "abs", "sign",
+                          "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
+                          "logical_not", "logical_and", "logical_or", "logical_xor", "relu",
+                          "clamp", "pow", "isnan", "bitwise_and", "bitwise_or", "bitwise_xor",
+                          "bitwise_not"}
+
+_EXTRA_PRELUDE = r"""
+template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return x > (T)b ? (T)b : x; }
+"""
+
+
+class NotEmittable(Exception):
+    pass
+
+
+def _expr(n, var) -> str:
+    """The right-hand side computing node n (not reduce/load)."""
+    if n.kind == "expr":
+        args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
+        return finalize(n.attrs["fmt"].format(*args), None)
+    common = n.attrs["common"]
+    if n.attrs["op"] in _FLOAT_ONLY and ctype(common) != "float":
+        raise NotEmittable(f"{n.attrs['op']} on {common}")
+    args = []
+    for i, a in enumerate(n.args):
+        if hasattr(a, "id"):
+            dst = torch.bool if (n.attrs["op"] == "where" and i == 0) else common
+            args.append(conv(var(a), a.dtype, dst))
+        elif common in (torch.float16, torch.bfloat16) and n.attrs["op"] not in ("mul", "div"):
+            args.append(finalize(literal(a.value, common), common))  # as eager rounds it
+        else:
+            args.append(literal(a.value, common))
+    if n.attrs["op"] == "cast":
+        args = [conv(var(n.args[0]), n.args[0].dtype, n.dtype)]
+    return finalize(OPS[n.attrs["op"]](args, n), n.dtype)
+
+
+def emit(p) -> str:
+    from .cpp import NotNative
+
+    try:
+        return _Emitter(p).source()
+    except NotEmittable as e:
+        raise NotNative(str(e)) from e
+
+
+class _Emitter:
+    def __init__(self, p):
+        self.p = p
+        self.n = len(p.shape)
+        self.outer = self.n - p.m
+        self.lines: list[str] = []
+        nodes = p.nodes
+        needed: set[int] = set()
+        stack = [node for node, _ in p.outputs]
+        while stack:
+            x = stack.pop()
+            if x.id not in needed:
+                needed.add(x.id)
+                stack += [a for a in x.args if hasattr(a, "id")]
+        self.needed = needed
+        # stages: row value available after pass k; col value needs passes <= k
+        self.stage: dict[int, int] = {}
+        for x in nodes:
+            deps = [self.stage[a.id] for a in x.args if hasattr(a, "id")]
+            s = max(deps, default=0)
+            self.stage[x.id] = s + 1 if x.kind == "reduce" else s
+        self.passes = max((self.stage[x.id] for x in nodes if x.kind == "reduce"
+                           and x.id in needed), default=0)
+
+    def w(self, line: str) -> None:
+        self.lines.append(line)
+
+    def source(self) -> str:
+        p, n = self.p, self.n
+        w = self.w
+        w(PRELUDE + _EXTRA_PRELUDE)
+        w('extern "C" void pi_kernel(void* const* ptrs, const int64_t* meta, '
+          'const int64_t* syms, int nt) {')
+        for i, s in enumerate(p.symbols):
+            w(f"  const int64_t {s.name} = syms[{i}]; (void){s.name};")
+        for d, s in enumerate(p.shape):
+            w(f"  const int64_t D{d} = {size(s)};")
+        rows = " * ".join(f"D{d}" for d in range(self.outer)) or "1"
+        cols = " * ".join(f"D{d}" for d in range(self.outer, n)) or "1"
+        w(f"  const int64_t R = {rows}, C = {cols};")
+        off = 0
+        offsets = []
+        for k, spec in enumerate(p.input_specs):
+            w(f"  const {STORAGE[spec.dtype]}* __restrict__ in{k} = "
+              f"(const {STORAGE[spec.dtype]}*)ptrs[{k}];")
+            offsets.append(off)
+            off += 2 * len(spec.shape)
+        for k, (_, spec) in enumerate(p.outputs):
+            w(f"  {STORAGE[spec.dtype]}* __restrict__ out{k} = "
+              f"({STORAGE[spec.dtype]}*)ptrs[{len(p.input_specs) + k}];")
+        fast_checks = []
+        for k, a in enumerate(p.accesses):
+            q = len(p.input_specs[a.input].shape)
+            o = offsets[a.input]
+            for d, j in enumerate(a.dims):
+                e = "0" if j is None else f"(meta[{o + j}] == 1 ? 0 : meta[{o + q + j}])"
+                w(f"  const int64_t a{k}_{d} = {e};")
+            if a.col and p.fast[k] != "strided":
+                contiguous = "1"
+                for d in range(n - 1, self.outer - 1, -1):
+                    want = contiguous if p.fast[k] == "unit" else "0"
+                    fast_checks.append(f"(D{d} == 1 || a{k}_{d} == {want})")
+                    contiguous = f"{contiguous} * D{d}"
+        has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
+        w(f"  const bool fast = {' && '.join(fast_checks) or 'true'};")
+        if has_fast:
+            w("  (void)fast;")
+        chunk = "C" if p.reduction else f"std::min<int64_t>(C, {POINTWISE_CHUNK})"
+        w(f"  const int64_t CH = std::max<int64_t>({chunk}, 1);")
+        nch = "1" if p.reduction else "(C + CH - 1) / CH"  # a reduction of nothing still writes
+        w(f"  const int64_t NCH = {nch}, W = R * NCH;")
+        w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
+          f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
+        w("  for (int64_t wi = 0; wi < W; ++wi) {")
+        w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
+        w("    (void)c0; (void)c1;")
+        w("    int64_t t = r; (void)t;")
+        for d in range(self.outer - 1, -1, -1):
+            w(f"    const int64_t i{d} = t % D{d}; t /= D{d};")
+        for k, a in enumerate(p.accesses):
+            base = " + ".join(f"i{d} * a{k}_{d}" for d in range(self.outer)) or "0"
+            w(f"    const int64_t b{k} = {base};")
+        self.body(has_fast)
+        w("  }")
+        w("}")
+        return "\n".join(self.lines) + "\n"
+
+    # --- the work item -------------------------------------------------------------
+    def var(self, x) -> str:
+        return f"v{x.id}"
+
+    def row_nodes(self, stage: int) -> None:
+        for x in self.p.nodes:
+            if x.level == "row" and x.id in self.needed and self.stage[x.id] == stage \
+                    and x.kind != "reduce":
+                self.define(x, "    ", col=False)
+
+    def define(self, x, ind: str, col: bool, path: str = "fast") -> None:
+        if x.kind == "load":
+            spec = self.p.input_specs[self.p.accesses[x.attrs["access"]].input]
+            k = x.attrs["access"]
+            idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
+            rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
+        else:
+            rhs = _expr(x, self.var)
+        self.w(f"{ind}const {ctype(x.dtype)} {self.var(x)} = {rhs};")
+
+    def col_offset(self, k: int, path: str) -> str:
+        p = self.p
+        if path == "fast":
+            kind = p.fast[k]
+            if kind == "unit":
+                return "c"
+            if kind == "bcast":
+                return "0"
+            return f"c * a{k}_{self.n - 1}" if p.m >= 1 else "0"
+        if p.m == 1:
+            return f"c * a{k}_{self.n - 1}"
+        return " + ".join(f"j{d} * a{k}_{d}" for d in range(self.outer, self.n)) or "0"
+
+    def col_deps(self, targets) -> list:
+        seen: set[int] = set()
+        stack = list(targets)
+        while stack:
+            x = stack.pop()
+            if x.level == "col" and x.id not in seen:
+                seen.add(x.id)
+                stack += [a for a in x.args if hasattr(a, "id")]
+        return [x for x in self.p.nodes if x.id in seen]
+
+    def loop(self, has_fast: bool, targets, tail) -> None:
+        """The column loop computing ``targets`` then running ``tail(path)`` lines."""
+        reductions = [x for x in targets if x.kind == "reduce"]
+        clauses = []
+        for x in reductions:
+            op = "+" if x.attrs["red"] == "sum" else x.attrs["red"]
+            clauses.append(f"reduction({op}:acc{x.id})")
+            if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
+                clauses.append(f"reduction(|:nan{x.id})")
+        pragma = "      #pragma omp simd " + " ".join(clauses)
+        deps = self.col_deps([a for x in reductions for a in x.args] + [
+            x for x in targets if x.kind != "reduce"])
+        paths = ["fast", "generic"] if has_fast else ["generic"]
+        for path in paths:
+            if path == "fast":
+                self.w("    if (fast) {")
+            else:
+                self.w("    else {" if has_fast else "    {")
+            self.w(pragma)
+            self.w("      for (int64_t c = c0; c < c1; ++c) {")
+            if path == "generic" and self.p.m > 1:
+                self.w("        int64_t u = c; (void)u;")
+                for d in range(self.n - 1, self.outer - 1, -1):
+                    self.w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
+            for x in deps:
+                self.define(x, "        ", col=True, path=path)
+            for line in tail(path):
+                self.w("        " + line)
+            self.w("      }")
+            self.w("    }")
+
+    def body(self, has_fast: bool) -> None:
+        p, w = self.p, self.w
+        self.row_nodes(0)
+        for stage in range(1, self.passes + 1):
+            reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
+                    and self.stage[x.id] == stage]
+            for x in reds:
+                ct = ctype(x.dtype)
+                init = {"sum": "0", "max": "-INFINITY" if ct == "float" else "INT64_MIN",
+                        "min": "INFINITY" if ct == "float" else "INT64_MAX"}[x.attrs["red"]]
+                w(f"    {ct} acc{x.id} = {init};")
+                if x.attrs["red"] != "sum" and ct == "float":
+                    w(f"    int nan{x.id} = 0;")
+
+            def tail(path, reds=reds):
+                out = []
+                for x in reds:
+                    v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
+                    red = x.attrs["red"]
+                    if red == "sum":
+                        out.append(f"acc{x.id} += {v};")
+                        continue
+                    cmp = ">" if red == "max" else "<"
+                    out.append(f"acc{x.id} = ({v} {cmp} acc{x.id}) ? {v} : acc{x.id};")
+                    if ctype(x.dtype) == "float":
+                        out.append(f"nan{x.id} |= ({v} != {v});")
+                return out
+
+            self.loop(has_fast, reds, tail)
+            for x in reds:
+                val = f"(nan{x.id} ? NAN : acc{x.id})" if x.attrs["red"] != "sum" \
+                    and ctype(x.dtype) == "float" else f"acc{x.id}"
+                w(f"    const {ctype(x.dtype)} v{x.id} = {val};")
+            self.row_nodes(stage)
+        col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
+        if col_outs:
+            def tail(path):
+                return [f"out{k}[r * C + c] = {store(self.var(x), spec.dtype)};"
+                        for k, x, spec in col_outs]
+            self.loop(has_fast, [x for _, x, _ in col_outs], tail)
+        for k, (x, spec) in enumerate(p.outputs):
+            if x.level == "row":
+                w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype)};")

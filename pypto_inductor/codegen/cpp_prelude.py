@@ -1,0 +1,100 @@
+"""The C++ helpers every native kernel includes: dtype conversions and math.
+
+Everything is branch-free and inlined so loops over columns vectorise without
+-ffast-math: exp is a Cephes-style polynomial, tanh/sigmoid/silu/gelu/erf are
+built on it; fp16 and bf16 are converted with integer bit manipulation
+(round to nearest even, as c10 does), so loads and stores vectorise too.
+"""
+
+PRELUDE = r"""
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
+#define PI_INLINE static inline __attribute__((always_inline))
+
+namespace c10 {  // what torch's CppPrinter emits for FloorDiv
+PI_INLINE int64_t div_floor_integer(int64_t a, int64_t b) {
+  int64_t q = a / b, r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+}
+
+PI_INLINE float pi_f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+PI_INLINE uint32_t pi_u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+// bfloat16 <-> float
+PI_INLINE float ld_bf16(uint16_t h) { return pi_f((uint32_t)h << 16); }
+PI_INLINE uint16_t st_bf16(float f) {
+  uint32_t u = pi_u(f);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (f != f) ? (uint16_t)0x7fc0 : (uint16_t)r;
+}
+PI_INLINE float rnd_bf16(float f) { return ld_bf16(st_bf16(f)); }
+
+// IEEE half <-> float
+PI_INLINE float ld_f16(uint16_t h) {
+  const uint32_t w = (uint32_t)h << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = pi_f((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = pi_f((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t bits = two_w < (1u << 27) ? pi_u(denormalized) : pi_u(normalized);
+  return pi_f(sign | bits);
+}
+PI_INLINE uint16_t st_f16(float f) {
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = pi_u(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = pi_f((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = pi_u(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+PI_INLINE float rnd_f16(float f) { return ld_f16(st_f16(f)); }
+
+// math
+PI_INLINE float pi_exp(float x) {
+  float xc = x < -103.972084f ? -103.972084f : x;
+  xc = xc > 88.7228394f ? 88.7228394f : xc;
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+  const float res = p * pi_f((uint32_t)(n1 + 127) << 23) * pi_f((uint32_t)(n2 + 127) << 23);
+  return x > 88.7228394f ? INFINITY : res;
+}
+PI_INLINE float pi_tanh(float x) {
+  const float a = std::fabs(x), s = x * x;
+  const float p = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s
+                   + 1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+  const float q = std::copysign(1.0f - 2.0f / (pi_exp(a + a) + 1.0f), x);
+  return a < 0.625f ? p : q;
+}
+PI_INLINE float pi_sigmoid(float x) { return 1.0f / (1.0f + pi_exp(-x)); }
+PI_INLINE float pi_erf(float x) {
+  const float a = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  const float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t
+                   + 0.254829592f) * t;
+  return std::copysign(1.0f - y * pi_exp(-a * a), x);
+}
+PI_INLINE float pi_gelu(float x) { return 0.5f * x * (1.0f + pi_erf(x * 0.70710678118654752f)); }
+PI_INLINE float pi_gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + pi_tanh(inner));
+}
+template <typename T> PI_INLINE T pi_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> PI_INLINE T pi_min(T a, T b) { return (a < b || a != a) ? a : b; }
+template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
+template <typename T> PI_INLINE T pi_sign(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+"""

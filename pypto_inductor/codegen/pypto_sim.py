@@ -1,0 +1,467 @@
+"""pypto's simulator (RunMode.SIM) on emitted kernels: simulated cycles, fused and unfused.
+
+pypto's SIM mode runs the Ascend A2/A3 cost model; it computes no values, prints
+a lot, writes ``output/output_*/CostModelSimulationOutput/_simulate.stat.report.txt``
+("Total Cycles") and a compiled program (``program.json``, the PTO IR) under
+the current directory, and starts plotting scripts with ``python3``. So every
+simulation runs in a worker process (``sys.executable``) with its own temporary
+working directory, a no-op ``python3`` first on its PATH (no plotting, no
+matplotlib), pypto's logs redirected into that directory, its output in a log
+file, and a timeout. Nothing here raises into the caller: a kernel that fails
+to emit or simulate comes back with an error string.
+
+One worker simulates a batch of kernels (importing torch and pypto once); a
+kernel that crashes or hangs the worker is recorded and the rest of the batch
+goes on in a new worker. Results are cached by kernel source and pypto version
+under ``$PYPTO_INDUCTOR_CACHE_DIR`` (default ``~/.cache/pypto_inductor``) in
+``pypto_sim/<hash>/``, which also keeps the kernel, its program.json and the
+stat report (``pto_ir_path`` points there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..ir import FusionTile, TileGraph
+from .pypto_emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile
+
+__all__ = ["SimResult", "TileSimulation", "pypto_available", "simulate_kernels",
+           "simulate_tile", "simulate_plan", "parse_total_cycles"]
+
+_WORKER_VERSION = "1"
+_TOTAL_CYCLES = re.compile(r"Total Cycles\.*:\s*(\d+)")
+DEFAULT_TIMEOUT_S = 180.0  # per kernel; one simulation takes a second or two
+
+
+def pypto_available() -> bool:
+    return importlib.util.find_spec("pypto") is not None
+
+
+def _pypto_version() -> str:
+    try:
+        return importlib.metadata.version("pypto")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
+    return Path(root) / "pypto_sim"
+
+
+def parse_total_cycles(text: str) -> int | None:
+    """The first "Total Cycles" of a pypto stat report (the whole machine's)."""
+    m = _TOTAL_CYCLES.search(text)
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass
+class SimResult:
+    kernel: str
+    cycles: int | None = None
+    error: str | None = None
+    pto_ir_path: str | None = None  # pypto's compiled program (program.json), kept in the cache
+    report_path: str | None = None  # the stat report, kept in the cache
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.cycles is not None
+
+
+# --- the worker --------------------------------------------------------------------------
+_WORKER = r'''
+import glob, io, json, os, re, sys, traceback
+job = json.load(open(sys.argv[1]))
+results = open(sys.argv[2], "a", buffering=1)
+import importlib.util
+import torch
+import pypto
+# The NPU target's launcher, loaded by path: the package's __init__ (Dynamo and
+# all) is not needed here.
+_spec = importlib.util.spec_from_file_location("_pypto_inductor_npu", sys.argv[3])
+npu = importlib.util.module_from_spec(_spec)
+sys.modules["_pypto_inductor_npu"] = npu
+_spec.loader.exec_module(npu)
+base = os.getcwd()
+for item in job:
+    kernel = item["kernel"]
+    work = os.path.join(base, item["dir"])
+    os.makedirs(work, exist_ok=True)
+    results.write(json.dumps({"index": item["index"], "started": True}) + "\n")
+    log_path = os.path.join(work, "sim.log")
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush(); sys.stderr.flush()
+    os.dup2(log, 1); os.dup2(log, 2)
+    out = {"index": item["index"]}
+    try:
+        os.chdir(work)
+        launcher = npu.PyptoLauncher.load(kernel, work)
+        launcher(launcher.example_inputs())
+    except BaseException as e:
+        text = "".join(traceback.format_exception_only(type(e), e))
+        lines = [l for l in text.splitlines()
+                 if l.strip() and not re.search(r"\+0x[0-9a-f]+\)", l)]
+        out["error"] = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines[:8]))[:1500]
+    finally:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+        os.close(log)
+        os.chdir(base)
+    reports = sorted(glob.glob(os.path.join(work, "output", "output_*", "CostModelSimulationOutput",
+                                            "_simulate.stat.report.txt")))
+    if reports:
+        out["report"] = reports[-1]
+        program = os.path.join(os.path.dirname(os.path.dirname(reports[-1])), "program.json")
+        if os.path.exists(program):
+            out["program"] = program
+    out["log"] = log_path
+    results.write(json.dumps(out) + "\n")
+    if "error" in out:
+        # pypto keeps parser state after a failed kernel ("function nested is not
+        # allowed" for the next one): leave, and let a fresh worker take the rest.
+        results.close()
+        os._exit(3)
+'''
+
+
+def _worker_env(tmp: Path) -> dict:
+    shim = tmp / "bin"
+    shim.mkdir(exist_ok=True)
+    stub = shim / "python3"  # pypto runs its plotting scripts with `python3 script.py`
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    env = dict(os.environ)
+    env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
+    env["ASCEND_PROCESS_LOG_PATH"] = str(tmp / "ascend_log")
+    env["MPLBACKEND"] = "Agg"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _tail(path: Path, n: int = 1200) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    text = "\n".join(line for line in text.splitlines()
+                     if line.strip() and not re.search(r"\+0x[0-9a-f]+\)", line))
+    return text[-n:]
+
+
+def _run_worker(tmp: Path, items: list[dict], timeout: float) -> tuple[dict[int, dict], set[int], str]:
+    """Run one worker over ``items``; (results by index, started indices, failure text)."""
+    job, res = tmp / f"job_{items[0]['index']}.json", tmp / f"results_{items[0]['index']}.jsonl"
+    job.write_text(json.dumps(items))
+    worker = tmp / "_pypto_sim_worker.py"
+    log = tmp / f"worker_{items[0]['index']}.log"
+    failure = ""
+    with open(log, "wb") as out:
+        npu_path = Path(__file__).with_name("npu.py")
+        proc = subprocess.Popen([sys.executable, str(worker), str(job), str(res), str(npu_path)],
+                                cwd=tmp,
+                                env=_worker_env(tmp), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        # A watchdog on progress: each kernel gets ``timeout`` seconds (plus start-up).
+        deadline = time.monotonic() + timeout + 60
+        seen = 0
+        while True:
+            try:
+                rc = proc.wait(timeout=0.25)
+                if rc not in (0, 3):  # 3: the worker stopped after a failed kernel
+                    failure = f"simulation worker exited with code {rc}"
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            size = res.stat().st_size if res.exists() else 0
+            if size != seen:
+                seen, deadline = size, time.monotonic() + timeout
+            if time.monotonic() > deadline:
+                failure = f"simulation timed out after {timeout:.0f} s"
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                break
+    done: dict[int, dict] = {}
+    started: set[int] = set()
+    if res.exists():
+        for line in res.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("started"):
+                started.add(rec["index"])
+            else:
+                done[rec["index"]] = rec
+    if failure:
+        failure += (": " + _tail(log, 600)) if _tail(log) else ""
+    return done, started, failure
+
+
+def _cache_key(kernel: PyptoKernel) -> str:
+    h = hashlib.sha256()
+    for part in (_WORKER_VERSION, _pypto_version(), kernel.source,
+                 json.dumps([p.to_json() for p in kernel.params])):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def _from_cache(kernel: PyptoKernel, entry: Path) -> SimResult | None:
+    try:
+        rec = json.loads((entry / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return SimResult(kernel.name, rec.get("cycles"), rec.get("error"), rec.get("pto_ir_path"),
+                     rec.get("report_path"), rec.get("seconds", 0.0), cached=True)
+
+
+def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimResult:
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / f"{kernel.name}.py").write_text(kernel.source)
+    result = SimResult(kernel.name, seconds=round(seconds, 3))
+    if rec.get("report"):
+        report = entry / "_simulate.stat.report.txt"
+        shutil.copyfile(rec["report"], report)
+        result.report_path = str(report)
+        result.cycles = parse_total_cycles(report.read_text(errors="replace"))
+    if rec.get("program"):
+        program = entry / "program.json"
+        shutil.copyfile(rec["program"], program)
+        result.pto_ir_path = str(program)
+    if rec.get("error"):
+        result.error = rec["error"]
+        log_tail = _tail(Path(rec["log"]), 600) if rec.get("log") else ""
+        if log_tail and log_tail not in result.error:
+            result.error += "\n" + log_tail
+    elif result.cycles is None:
+        result.error = "pypto wrote no stat report with 'Total Cycles'"
+        if rec.get("log"):
+            result.error += ": " + _tail(Path(rec["log"]), 600)
+    if result.error is None:  # failures are not cached: they may be the machine's
+        (entry / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
+    return result
+
+
+def _default_workers() -> int:
+    env = os.environ.get("PYPTO_INDUCTOR_SIM_WORKERS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(2, cpus or 1))
+
+
+def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOUT_S,
+                     use_cache: bool = True, workers: int | None = None) -> list[SimResult]:
+    """Simulate each kernel with pypto's SIM run mode; one result per kernel, never raises.
+
+    Kernels run in ``workers`` worker processes (default: 2, or
+    $PYPTO_INDUCTOR_SIM_WORKERS), each over its share of the batch.
+    """
+    results: list[SimResult | None] = [None] * len(kernels)
+    if not kernels:
+        return []
+    if not pypto_available():
+        return [SimResult(k.name, error="pypto is not installed (pip install 'pypto-inductor[pypto]')")
+                for k in kernels]
+    root = cache_root()
+    entries = [root / _cache_key(k) for k in kernels]
+    pending = []
+    for i, (k, entry) in enumerate(zip(kernels, entries)):
+        hit = _from_cache(k, entry) if use_cache else None
+        if hit is not None and hit.ok:
+            results[i] = hit
+        else:
+            pending.append(i)
+    # Identical kernels (e.g. the same op in two tiles) are simulated once.
+    first_of: dict[Path, int] = {}
+    unique = []
+    for i in pending:
+        if entries[i] not in first_of:
+            first_of[entries[i]] = i
+            unique.append(i)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="pypto_sim_"))
+    except OSError as e:
+        return [r or SimResult(k.name, error=f"no temporary directory: {e}")
+                for r, k in zip(results, kernels)]
+    (tmp / "_pypto_sim_worker.py").write_text(_WORKER)
+
+    def run_chunk(items: list[dict]) -> None:
+        try:
+            _run_chunk(items)
+        except Exception as e:  # noqa: BLE001 - recorded per kernel, never raised
+            for item in items:
+                if results[item["index"]] is None:
+                    results[item["index"]] = SimResult(kernels[item["index"]].name,
+                                                       error=f"{type(e).__name__}: {e}")
+
+    def _run_chunk(items: list[dict]) -> None:
+        while items:
+            t0 = time.monotonic()
+            done, started, failure = _run_worker(tmp, items, timeout)
+            per = (time.monotonic() - t0) / max(len(done), 1)
+            progressed = any(item["index"] in done or item["index"] in started
+                             for item in items)
+            remaining = []
+            for item in items:
+                i = item["index"]
+                if i in done:
+                    results[i] = _store(kernels[i], entries[i], done[i], per)
+                elif i in started or not progressed:
+                    # the kernel the worker died on, or a worker that never got going
+                    results[i] = SimResult(kernels[i].name,
+                                           error=failure or "simulation worker stopped")
+                else:
+                    remaining.append(item)
+            items = remaining
+
+    try:
+        items = [{"index": i, "dir": f"k{i}", "kernel": kernels[i].to_json()} for i in unique]
+        n = max(1, min(workers or _default_workers(), len(items)))
+        chunks = [items[j::n] for j in range(n)]
+        if n == 1:
+            run_chunk(chunks[0])
+        else:
+            threads = [threading.Thread(target=run_chunk, args=(c,), daemon=True) for c in chunks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    except Exception as e:  # noqa: BLE001 - never raise into the caller
+        for i in unique:
+            if results[i] is None:
+                results[i] = SimResult(kernels[i].name, error=f"{type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for i in pending:
+        if results[i] is None:
+            src = results[first_of[entries[i]]]
+            results[i] = dataclasses.replace(src, kernel=kernels[i].name) if src else SimResult(
+                kernels[i].name, error="not simulated")
+    return results  # type: ignore[return-value]
+
+
+# --- FusionTiles and plans -------------------------------------------------------------------
+@dataclasses.dataclass
+class TileSimulation:
+    """What pypto's simulator says about one FusionTile."""
+
+    tile: str
+    pypto_source: str | None = None
+    simulated_cycles_fused: int | None = None
+    simulated_cycles_unfused: int | None = None  # None for a one-op tile
+    unfused_cycles_by_op: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    pto_ir_path: str | None = None
+    simulation_error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "pypto_source": self.pypto_source,
+            "simulated_cycles_fused": self.simulated_cycles_fused,
+            "simulated_cycles_unfused": self.simulated_cycles_unfused,
+            "simulated_cycles_unfused_by_op": dict(self.unfused_cycles_by_op) or None,
+            "pto_ir_path": self.pto_ir_path,
+            "simulation_error": self.simulation_error,
+        }
+
+
+def _emit_all(tile: FusionTile, graph: TileGraph, hw, buffering: int):
+    """(fused kernel or None, [(op name, kernel or None)], errors)."""
+    errors = []
+    try:
+        fused = emit_tile(tile, graph, run_mode="SIM")
+    except PyptoEmitError as e:
+        fused = None
+        errors.append(f"split: {e}")
+    except Exception as e:  # noqa: BLE001
+        fused = None
+        errors.append(f"emit failed: {type(e).__name__}: {e}")
+    singles = []
+    if len(tile.ops) > 1:
+        for op in tile.ops:
+            try:
+                singles.append((op.name, emit_tile(single_op_tile(op, graph, tile.tile_shape, hw,
+                                                                  buffering), graph, "SIM")))
+            except Exception as e:  # noqa: BLE001
+                singles.append((op.name, None))
+                errors.append(f"unfused {op.name} ({op.op}): {e}")
+    return fused, singles, errors
+
+
+def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering: int = 2,
+                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, TileSimulation]:
+    """Simulate every tile fused, and each of its ops as its own kernel; one worker batch."""
+    plans = []
+    kernels: list[PyptoKernel] = []
+    for tile in tiles:
+        try:
+            fused, singles, errors = _emit_all(tile, graph, hw, buffering)
+        except Exception as e:  # noqa: BLE001
+            fused, singles, errors = None, [], [f"{type(e).__name__}: {e}"]
+        slots = {}
+        if fused is not None:
+            slots["fused"] = len(kernels)
+            kernels.append(fused)
+        for name, k in singles:
+            if k is not None:
+                slots[name] = len(kernels)
+                kernels.append(k)
+        plans.append((tile, fused, singles, errors, slots))
+    results = simulate_kernels(kernels, timeout=timeout)
+    out: dict[str, TileSimulation] = {}
+    for tile, fused, singles, errors, slots in plans:
+        sim = TileSimulation(tile.name, pypto_source=fused.source if fused else None)
+        errors = list(errors)
+        if "fused" in slots:
+            r = results[slots["fused"]]
+            sim.simulated_cycles_fused, sim.pto_ir_path = r.cycles, r.pto_ir_path
+            if r.error:
+                errors.append(f"fused kernel: {r.error}")
+        if singles:
+            total = 0
+            for name, _k in singles:
+                r = results[slots[name]] if name in slots else None
+                sim.unfused_cycles_by_op[name] = r.cycles if r else None
+                if r is not None and r.error:
+                    errors.append(f"unfused {name}: {r.error}")
+                total = None if (total is None or r is None or r.cycles is None) \
+                    else total + r.cycles
+            sim.simulated_cycles_unfused = total
+        sim.simulation_error = "\n".join(errors) if errors else None
+        out[tile.name] = sim
+    return out
+
+
+def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 2,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> TileSimulation:
+    return simulate_tiles([tile], graph, hw, buffering, timeout)[tile.name]
+
+
+def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S
+                  ) -> dict[str, TileSimulation]:
+    """Per-FusionTile simulation results of a FusionPlan (tile name -> TileSimulation)."""
+    try:
+        return simulate_tiles(plan.tiles, plan.graph, plan.hardware, buffering, timeout)
+    except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
+        return {t.name: TileSimulation(t.name, simulation_error=f"{type(e).__name__}: {e}")
+                for t in plan.tiles}

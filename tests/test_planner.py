@@ -1,0 +1,367 @@
+"""The fusion planner: capacity, dtype policy, ROI threshold, and the fusions it must find.
+
+Every test also checks the compiled model against eager PyTorch (run_both), so a
+plan is never only inspected, always executed.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pypto_inductor import models
+from pypto_inductor.ir import FusionTile, OpKind, TileOp
+
+
+def _plans(run):
+    return [g.plan for g in run.report.graphs if g.plan is not None]
+
+
+def _decisions(run) -> list[dict]:
+    return [d for g in run.report.to_dict()["graphs"] for d in g["decisions"]]
+
+
+def _tile_of(plan, op_name: str) -> FusionTile:
+    return next(t for t in plan.tiles if op_name in {op.name for op in t.ops})
+
+
+def _ln_chain(dim=256, shape=(4, 16, 256)):
+    torch.manual_seed(1)
+    model = models.LayerNormGeluResidual(dim)
+    with torch.no_grad():  # non-trivial affine parameters
+        model.ln.weight.normal_()
+        model.ln.bias.normal_()
+    return model, torch.randn(*shape)
+
+
+# --- (a) capacity -------------------------------------------------------------------------
+def test_small_capacity_splits_kernels_and_says_why(run_both):
+    model, x = _ln_chain()
+    default = run_both(model, x)
+    torch._dynamo.reset()
+    small = run_both(model, x, options={"capacity_bytes": 4096})
+    capacity_reasons = [d for d in _decisions(small) if "capacity" in d["reason"]]
+    assert capacity_reasons, _decisions(small)
+    assert all(not d["fused"] and d["roi"] is not None for d in capacity_reasons)
+    assert small.summary["kernels_fused"] > default.summary["kernels_fused"]
+    report = small.report.to_dict()
+    for g in report["graphs"]:
+        for t in g["fusion_tiles"]:
+            assert t["capacity_bytes"] == 4096
+            assert t["footprint_bytes"] <= 4096, t  # at this width even one row fits
+    # The default capacity holds the whole chain.
+    for g in default.report.to_dict()["graphs"]:
+        assert all(t["footprint_bytes"] <= t["capacity_bytes"] for t in g["fusion_tiles"])
+
+
+def test_a_row_too_long_for_capacity_is_flagged(run_both):
+    """One reduction row over capacity cannot be split by fusion: the report says so."""
+    model, x = _ln_chain(1024, (2, 8, 1024))
+    run = run_both(model, x, options={"capacity_bytes": 4096})
+    tiles = run.report.to_dict()["graphs"][0]["fusion_tiles"]
+    over = [t for t in tiles if not t["fits"]]
+    assert over and all(t["footprint_bytes"] > 4096 for t in over)
+    assert all(t["fits"] == (t["footprint_bytes"] <= 4096) for t in tiles)
+    assert all(len(t["ops"]) == 1 for t in over)  # merges never exceed the capacity
+    text = str(run.report)
+    assert all(f"over capacity: {t['name']}" in text for t in over)
+
+
+def test_capacity_shrinks_tiles_before_splitting(run_both):
+    """A pointwise chain under a small capacity keeps one kernel with a smaller tile."""
+    def f(x, y):
+        return torch.sigmoid(x * y + 1.0) * x - y
+
+    x, y = torch.randn(64, 512), torch.randn(64, 512)
+    big = run_both(f, x, y)
+    torch._dynamo.reset()
+    small = run_both(f, x, y, options={"capacity_bytes": 8192})
+    (tb,), (ts,) = _plans(big)[0].tiles, _plans(small)[0].tiles
+    assert len(tb.ops) == len(ts.ops) == 5
+    assert ts.footprint_bytes <= 8192 < tb.footprint_bytes
+    assert ts.tile_shape[0] * ts.tile_shape[1] < tb.tile_shape[0] * tb.tile_shape[1]
+
+
+# --- (b) dtype policy ---------------------------------------------------------------------
+def test_strict_dtype_policy_makes_casts_boundaries(run_both):
+    torch.manual_seed(2)
+    model = models.RMSNorm(256).half()
+    with torch.no_grad():
+        model.weight.normal_()
+    x = torch.randn(4, 16, 256).half()
+    strict = run_both(model, x, options={"dtype_policy": "strict"})
+    torch._dynamo.reset()
+    upcast = run_both(model, x)
+
+    dtype_reasons = [d for d in _decisions(strict) if "dtype" in d["reason"]]
+    assert dtype_reasons and all(not d["fused"] for d in dtype_reasons)
+    assert all("float16" in d["reason"] and "float32" in d["reason"] for d in dtype_reasons)
+    assert not [d for d in _decisions(upcast) if "dtype" in d["reason"]]
+    assert upcast.summary["kernels_fused"] < strict.summary["kernels_fused"]
+
+    # Under "upcast" the casts share a kernel with the fp32 reduction, which computes in
+    # fp32 and says so.
+    plan = _plans(upcast)[0]
+    casts = [op for op in plan.graph.nodes if isinstance(op, TileOp) and op.kind is OpKind.CAST]
+    reduction = next(op for op in plan.graph.nodes
+                     if isinstance(op, TileOp) and op.kind is OpKind.REDUCTION)
+    assert casts
+    tile = _tile_of(plan, reduction.name)
+    assert all(_tile_of(plan, c.name) is tile for c in casts)
+    assert tile.dtype.startswith("float32") and "float16" in tile.dtype
+    # Under "strict" no kernel mixes float dtypes except a lone cast.
+    for tile in _plans(strict)[0].tiles:
+        if len(tile.ops) > 1:
+            assert not any(op.kind is OpKind.CAST for op in tile.ops), tile.op_names
+
+
+# --- (c) no fusion ------------------------------------------------------------------------
+@pytest.mark.parametrize("options,reason", [({"roi_threshold": 1e9}, "roi_threshold"),
+                                            ({"fusion": False}, "fusion disabled")],
+                         ids=["roi_threshold", "fusion_off"])
+def test_no_fusion_options(options, reason, run_both):
+    model, x = _ln_chain()
+    run = run_both(model, x, options=options)
+    s = run.summary
+    assert s["kernels_fused"] == s["kernels_unfused"]
+    assert s["gm_bytes_fused"] == s["gm_bytes_unfused"]
+    decisions = _decisions(run)
+    assert decisions and not any(d["fused"] for d in decisions)
+    assert any(reason in d["reason"] for d in decisions)
+    for tile in _plans(run)[0].tiles:
+        assert len([op for op in tile.ops if not op.is_view]) == 1
+
+
+def test_no_fusion_on_the_transformer_block(run_both):
+    torch.manual_seed(0)
+    model = models.TransformerBlock().eval()
+    run = run_both(model, torch.randn(2, 8, 64), options={"fusion": False})
+    assert run.summary["kernels_fused"] == run.summary["kernels_unfused"]
+
+
+# --- (d) the fusions the default must find ------------------------------------------------
+def test_layernorm_gelu_residual_is_one_kernel(run_both):
+    model, x = _ln_chain()
+    run = run_both(model, x)
+    s = run.summary
+    assert s["kernels_fused"] < s["kernels_unfused"]
+    assert s["gm_bytes_fused"] < s["gm_bytes_unfused"]
+    assert s["predicted_speedup"] > 1
+    plan = _plans(run)[0]
+    nodes = [n for n in plan.graph.nodes if isinstance(n, TileOp)]
+    gelu = next(op for op in nodes if op.op == "gelu")
+    residual = next(op for op in nodes if op.op == "add" and gelu.name in op.inputs)
+    assert plan.graph.inputs[-1] in residual.inputs  # x + gelu(...)
+    tile = _tile_of(plan, gelu.name)
+    assert _tile_of(plan, residual.name) is tile
+    assert any(op.kind is OpKind.REDUCTION for op in tile.ops)  # the layer-norm statistics
+    assert len(plan.tiles) == 1
+    # Only x and the affine parameters are read, and only the result written.
+    assert tile.outputs == [residual.name]
+    assert set(tile.inputs) == set(plan.graph.inputs)
+    assert tile.gm_bytes < s["gm_bytes_unfused"] / 2
+    fused = [d for d in _decisions(run) if d["fused"]]
+    names = {op.name for op in tile.ops}
+    # A merge may pull the kernels on paths between its two ends along with it.
+    assert 1 <= len(fused) <= len(tile.ops) - 1
+    assert all(d["producer"] in names and d["consumer"] in names for d in fused)
+
+
+def test_matmul_epilogues_fuse(run_both):
+    torch.manual_seed(0)
+    run = run_both(models.MLP().eval(), torch.randn(8, 64))
+    plan = _plans(run)[0]
+    matmul_tiles = [t for t in plan.tiles if t.kind is OpKind.MATMUL]
+    assert len(matmul_tiles) == 3  # one kernel per linear layer
+    names = [t.op_names for t in matmul_tiles]
+    assert ["matmul", "add", "gelu"] in names and ["matmul", "add", "relu"] in names
+    rejected = [d for d in _decisions(run) if "prologue" in d["reason"]]
+    assert rejected and not any(d["fused"] for d in rejected)
+
+
+def test_softmax_fuses_with_its_producers(run_both):
+    def f(scores, bias):
+        return torch.softmax(scores * 0.125 + bias, dim=-1) * 2.0
+
+    run = run_both(f, torch.randn(2, 4, 16, 16), torch.randn(16, 16))
+    plan = _plans(run)[0]
+    assert len(plan.tiles) == 1
+    assert plan.tiles[0].op_names == ["mul", "add", "softmax", "mul"]
+
+
+# --- invariants of every plan -------------------------------------------------------------
+def _check_plan_invariants(plan, threshold=1.2):
+    graph = plan.graph
+    kernel_ops = [n for n in graph.nodes if isinstance(n, TileOp) and n.kind is not OpKind.LAYOUT]
+    in_tiles = [op for t in plan.tiles for op in t.ops if op.kind is not OpKind.LAYOUT]
+    # Every compute op is in exactly one kernel.
+    assert sorted(map(id, kernel_ops)) == sorted(map(id, in_tiles))
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    defined = set(graph.inputs)
+    for step in plan.steps:
+        if isinstance(step, FusionTile):
+            assert [order[id(op)] for op in step.ops] == sorted(order[id(op)] for op in step.ops)
+            inside = {op.name for op in step.ops}
+            for op in step.ops:  # every operand: a kernel input or defined inside
+                assert all(n in inside or n in step.inputs for n in op.inputs)
+            assert all(n in defined for n in step.inputs), (step.name, step.inputs)
+            defined |= set(step.outputs)
+            assert step.footprint_bytes > 0 and step.gm_bytes > 0
+            if len([op for op in step.ops if not op.is_view]) > 1:
+                assert step.footprint_bytes <= step.capacity_bytes
+        else:
+            assert all(n in defined for n in step.inputs), step
+            defined |= {step.name} if isinstance(step, TileOp) else set(filter(None, step.outputs))
+    assert all(o in defined for o in graph.outputs if isinstance(o, str))
+    for d in plan.decisions:
+        if d.fused:
+            assert d.roi.roi_score >= threshold
+        roi = d.to_dict()["roi"]
+        if roi is not None:
+            assert roi["roi_score"] > 0
+            assert roi["bandwidth_saving_pct"] <= 100
+            assert 0 <= roi["launch_overhead_reduction_pct"] <= 100
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "llama", "conv_bn_relu",
+                                  "ln_gelu_residual"])
+def test_plan_invariants_on_the_zoo(name, run_both):
+    model, inputs = models.build(name)
+    torch.manual_seed(5)
+    run = run_both(model, *(torch.randn_like(x) for x in inputs))
+    plans = _plans(run)
+    assert plans
+    for plan in plans:
+        _check_plan_invariants(plan)
+    s = run.summary
+    assert s["gm_bytes_fused"] <= s["gm_bytes_unfused"]
+    assert s["kernels_fused"] <= s["kernels_unfused"]
+
+
+def test_plan_invariants_on_a_backward_graph():
+    torch.manual_seed(0)
+    model = models.TransformerBlock(dim=32, heads=2, hidden=64)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    from pypto_inductor.report import collect
+    with collect() as graphs:
+        out = torch.compile(model, backend="pypto")(x)
+        (g,) = torch.autograd.grad(out.square().sum(), [x])
+    (ref,) = torch.autograd.grad(model(x).square().sum(), [x])
+    torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+    assert {gr.name.rsplit("_", 1)[-1] for gr in graphs} == {"forward", "backward"}
+    for gr in graphs:
+        _check_plan_invariants(gr.plan)
+
+
+def test_hardware_model_changes_capacity(run_both):
+    model, x = _ln_chain()
+    run = run_both(model, x, options={"hardware": "ascend-a2"})
+    d = run.report.to_dict()
+    for t in d["graphs"][0]["fusion_tiles"]:
+        assert t["capacity_bytes"] == 192 * 1024  # Ascend A2 unified buffer
+
+
+def test_buffering_scales_footprint(run_both):
+    def f(x):
+        return torch.relu(x * 2.0 + 1.0)
+
+    x = torch.randn(16, 64)
+    runs = {}
+    for b in (1, 2, 3):
+        torch._dynamo.reset()
+        runs[b] = _plans(run_both(f, x, options={"buffering": b}))[0].tiles[0]
+    assert runs[1].tile_shape == runs[2].tile_shape == runs[3].tile_shape
+    assert runs[2].footprint_bytes == 2 * runs[1].footprint_bytes
+    assert runs[3].footprint_bytes == 3 * runs[1].footprint_bytes
+
+
+# --- random op DAGs under random planner options -------------------------------------------
+# Values are [B, N], [B, 1], [1, N] or [N]: every pair broadcasts. Ops stay bounded
+# (no exp/div), so fp32 results compare tightly at any depth.
+_UNARY = [torch.tanh, torch.sigmoid, torch.relu, torch.neg, torch.abs, torch.sin]
+_BINARY = [torch.add, torch.sub, torch.mul, torch.maximum]
+
+
+def _random_program(draw):
+    from hypothesis import strategies as st
+
+    steps = []
+    shapes = ["bn", "bn", "b1", "n"]  # the inputs
+    for _ in range(draw(st.integers(2, 9))):
+        kind = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "softmax", "where"]))
+        i = draw(st.integers(0, len(shapes) - 1))
+        if kind == "unary":
+            steps.append(("unary", draw(st.integers(0, len(_UNARY) - 1)), i))
+            shapes.append(shapes[i])
+        elif kind in ("binary", "where"):
+            j = draw(st.integers(0, len(shapes) - 1))
+            steps.append((kind, draw(st.integers(0, len(_BINARY) - 1)), i, j))
+            pair = {shapes[i], shapes[j]}
+            shapes.append(shapes[i] if len(pair) == 1 else "bn")
+        elif kind == "reduce" and shapes[i] == "bn":
+            op, dim = draw(st.sampled_from(["sum", "mean", "amax"])), draw(st.sampled_from([0, 1]))
+            steps.append(("reduce", op, dim, i))
+            shapes.append("b1" if dim == 1 else "1n")
+        elif kind == "softmax" and shapes[i] == "bn":
+            steps.append(("softmax", i))
+            shapes.append("bn")
+    outs = draw(st.lists(st.integers(0, len(shapes) - 1), min_size=0, max_size=2))
+    return steps, outs + [len(shapes) - 1]
+
+
+def _make_fn(program):
+    steps, outs = program
+
+    def f(a, b, c, d):
+        vals = [a, b, c, d]
+        for step in steps:
+            kind = step[0]
+            if kind == "unary":
+                vals.append(_UNARY[step[1]](vals[step[2]]))
+            elif kind == "binary":
+                vals.append(_BINARY[step[1]](vals[step[2]], vals[step[3]]))
+            elif kind == "where":
+                x, y = vals[step[2]], vals[step[3]]
+                vals.append(torch.where(x > 0, x, y * 0.5))
+            elif kind == "reduce":
+                vals.append(getattr(torch, step[1])(vals[step[3]], step[2], keepdim=True)
+                            if step[1] != "amax" else vals[step[3]].amax(step[2], keepdim=True))
+            else:
+                vals.append(torch.softmax(vals[step[1]], -1))
+        return tuple(vals[i] for i in outs)
+
+    return f
+
+
+def test_random_programs_under_random_options():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from pypto_inductor.report import collect
+
+    options = st.fixed_dictionaries({}, optional={
+        "capacity_bytes": st.sampled_from([256, 4096, 65536]),
+        "roi_threshold": st.sampled_from([0.5, 1.2, 3.0]),
+        "dtype_policy": st.sampled_from(["upcast", "strict"]),
+        "buffering": st.sampled_from([1, 2, 3]),
+    })
+
+    @settings(max_examples=int(os.environ.get("PYPTO_TEST_EXAMPLES", 15)), deadline=None,
+              database=None, derandomize=not os.environ.get("PYPTO_TEST_EXAMPLES"),
+              suppress_health_check=list(HealthCheck))
+    @given(program=st.composite(lambda draw: _random_program(draw))(), opts=options,
+           b=st.integers(2, 9), n=st.integers(2, 40))
+    def check(program, opts, b, n):
+        torch._dynamo.reset()
+        torch.manual_seed(b * 100 + n)
+        args = (torch.randn(b, n), torch.randn(b, n), torch.randn(b, 1), torch.randn(n))
+        f = _make_fn(program)
+        with torch.no_grad(), collect() as graphs:
+            out = torch.compile(f, backend="pypto", options=opts)(*args)
+        torch.testing.assert_close(out, f(*args), atol=1e-5, rtol=1e-5)
+        for g in graphs:
+            if g.plan is not None:
+                _check_plan_invariants(g.plan, opts.get("roi_threshold", 1.2))
+
+    check()
