@@ -1,45 +1,89 @@
 """``python -m benchmarks``: eager, Inductor and pypto side by side in one process.
 
-Each case is checked against eager first, then timed: medians over repeats,
-interleaved (eager, inductor, pypto, eager, ...) so machine noise hits all
-three alike; ratios are what to read, not absolute times.
+Each case is compiled cold (fresh Inductor and pypto cache directories, Dynamo
+reset, in-process kernel caches cleared; the first call's wall time), checked
+against eager, then timed: medians over repeats, interleaved (eager, inductor,
+pypto, eager, ...) so machine noise hits all three alike; ratios are what to
+read, not absolute times. Then each case is compiled again warm (Dynamo reset
+and in-process caches cleared, on-disk caches kept). Memory-bound cases also
+print achieved GB/s (the minimum traffic: inputs, parameters and outputs read
+or written once) against a measured torch copy bandwidth. The summary line is
+the geometric mean of Inductor time / pypto time over all cases.
+
+``--markdown PATH`` also writes the table (with date, machine and command).
 """
 from __future__ import annotations
 
 import argparse
-import platform
+import contextlib
+import math
+import os
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from pypto_inductor import models
+from pypto_inductor import calibrate, hardware, models
+from pypto_inductor.codegen import cpp_build
+
+
+class LinearGeluLinear(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class RMSNormSiluGate(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = models.RMSNorm(dim)
+        with torch.no_grad():
+            self.norm.weight.normal_()
+
+    def forward(self, x, gate):
+        return self.norm(x) * F.silu(gate)
 
 
 def _cases(scale: str):
+    """(name, fn, inputs, tolerance, memory-bound)."""
     big = scale == "full"
     rows = 8192 if big else 1024
     ln = models.LayerNormGeluResidual(1024)
-    yield "ln_gelu_residual", ln, (torch.randn(rows, 1024),), 1e-4
+    yield "ln_gelu_residual", ln, (torch.randn(rows, 1024),), 1e-4, True
 
     def chain(x, b, s):
         return torch.relu(x * s + b) * torch.sigmoid(x) - x / (1 + s)
 
     yield "elementwise_broadcast", chain, (torch.randn(rows, 1024), torch.randn(1024),
-                                           torch.randn(rows, 1)), 1e-4
+                                           torch.randn(rows, 1)), 1e-4, True
 
     def masked_softmax(x, mask):
         return torch.softmax((x * 0.125).masked_fill(mask, float("-inf")), dim=-1)
 
     s = 256
     yield "masked_softmax", masked_softmax, (torch.randn(8 if big else 2, 8, s, s),
-                                             torch.ones(s, s, dtype=torch.bool).triu(1)), 1e-4
+                                             torch.ones(s, s, dtype=torch.bool).triu(1)), \
+        1e-4, True
+    rms = RMSNormSiluGate(1024)
+    yield "rmsnorm_silu_gate", rms, (torch.randn(rows, 1024), torch.randn(rows, 1024)), \
+        1e-4, True
+    mlp = LinearGeluLinear(512, 2048)
+    yield "linear_gelu_linear", mlp, (torch.randn(2048 if big else 256, 512),), 1e-3, False
     block = models.TransformerBlock(256, 4, 1024).eval()
-    yield "transformer_block", block, (torch.randn(4 if big else 1, 128, 256),), 1e-3
+    yield "transformer_block", block, (torch.randn(4 if big else 1, 128, 256),), 1e-3, False
     llama = models.LlamaBlock(256, 4, 688).eval()
-    yield "llama_block", llama, (torch.randn(4 if big else 1, 128, 256),), 1e-3
+    yield "llama_block", llama, (torch.randn(4 if big else 1, 128, 256),), 1e-3, False
     yield "ln_gelu_residual_bf16", ln.to(torch.bfloat16), (
-        torch.randn(rows, 1024, dtype=torch.bfloat16),), 5e-2
+        torch.randn(rows, 1024, dtype=torch.bfloat16),), 5e-2, True
 
 
 def _median_us(fn, args, repeats):
@@ -51,36 +95,151 @@ def _median_us(fn, args, repeats):
     return statistics.median(times)
 
 
+def _min_bytes(fn, inputs, out) -> int:
+    n = sum(t.numel() * t.element_size() for t in inputs)
+    if isinstance(fn, nn.Module):
+        n += sum(p.numel() * p.element_size() for p in fn.parameters())
+        n += sum(b.numel() * b.element_size() for b in fn.buffers())
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return n + sum(t.numel() * t.element_size() for t in outs)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _clear_in_process_caches() -> None:
+    torch._dynamo.reset()
+    from torch._inductor.utils import clear_caches
+
+    clear_caches()
+    cpp_build._loaded.clear()  # loaded pypto kernel libraries
+
+
+def _first_call_s(make, inputs, cache_env: str, cache_dir: str):
+    """(compiled fn, seconds of its first call) with the given cache directory."""
+    with _env(cache_env, cache_dir):
+        compiled = make()
+        start = time.perf_counter()
+        compiled(*inputs)
+        return compiled, time.perf_counter() - start
+
+
+def machine() -> str:
+    return f"{calibrate.cpu_model()}, {os.cpu_count()} cores"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--scale", choices=["small", "full"], default="small")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--target", default="cpu", help="pypto target (cpu, reference, ...)")
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--markdown", default="", help="also write the table to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    print(f"# {time.strftime('%Y-%m-%d')} torch {torch.__version__} on {platform.processor() or platform.machine()},"
-          f" {torch.get_num_threads()} threads, scale={args.scale}, repeats={args.repeats}")
-    header = f"{'case':<24}{'eager us':>12}{'inductor us':>13}{'pypto us':>12}{'eager/pypto':>13}{'inductor/pypto':>16}"
-    print(header)
-    for name, fn, inputs, tol in _cases(args.scale):
-        torch._dynamo.reset()
-        backends = {"eager": fn}
-        if not args.no_inductor:
-            backends["inductor"] = torch.compile(fn, backend="inductor")
-        backends["pypto"] = torch.compile(fn, backend="pypto", options={"target": args.target})
-        with torch.no_grad():
-            expected = fn(*inputs)
-            for label, f in backends.items():
-                torch.testing.assert_close(f(*inputs), expected, rtol=tol, atol=tol)
-            times = {label: [] for label in backends}
-            for _ in range(3):  # interleave rounds so noise hits every backend alike
+    hw = hardware.host()  # calibration (once per machine) before any timing
+    copy_bw = calibrate.measure_bandwidth()
+    title = (f"{time.strftime('%Y-%m-%d')} torch {torch.__version__} on {machine()}, "
+             f"{torch.get_num_threads()} threads, scale={args.scale}, repeats={args.repeats}")
+    print(f"# {title}")
+    print(f"# copy bandwidth {copy_bw / 1e9:.1f} GB/s (now); host model "
+          f"{hw.gm_bandwidth_bytes_per_s / 1e9:.1f} GB/s, {hw.launch_us:.1f} us per kernel call "
+          f"({dict(hw.details).get('source')})")
+    cols = ["case", "eager us", "inductor us", "pypto us", "eager/pypto", "inductor/pypto",
+            "pypto GB/s", "inductor GB/s", "pypto % copy", "ind cold s", "ind warm s",
+            "pypto cold s", "pypto warm s"]
+    print(" | ".join(cols))
+    rows, ratios = [], []
+    only = {c for c in args.only.split(",") if c}
+    tmp_root = tempfile.mkdtemp(prefix="pypto_bench_")
+    try:
+        for name, fn, inputs, tol, memory_bound in _cases(args.scale):
+            if only and name not in only:
+                continue
+            ind_dir = tempfile.mkdtemp(prefix=f"{name}_inductor_", dir=tmp_root)
+            pi_dir = tempfile.mkdtemp(prefix=f"{name}_pypto_", dir=tmp_root)
+            makers = {}
+            if not args.no_inductor:
+                makers["inductor"] = (lambda: torch.compile(fn, backend="inductor"),
+                                      "TORCHINDUCTOR_CACHE_DIR", ind_dir)
+            makers["pypto"] = (lambda: torch.compile(fn, backend="pypto",
+                                                     options={"target": args.target}),
+                               "PYPTO_INDUCTOR_CACHE_DIR", pi_dir)
+            compile_s: dict = {}
+            backends = {"eager": fn}
+            with torch.no_grad():
+                expected = fn(*inputs)
+                _clear_in_process_caches()
+                for label, (make, env, d) in makers.items():
+                    backends[label], compile_s[label, "cold"] = _first_call_s(make, inputs, env, d)
                 for label, f in backends.items():
-                    times[label].append(_median_us(f, inputs, args.repeats))
-        med = {label: statistics.median(t) for label, t in times.items()}
-        ind = med.get("inductor", float("nan"))
-        print(f"{name:<24}{med['eager']:>12.1f}{ind:>13.1f}{med['pypto']:>12.1f}"
-              f"{med['eager'] / med['pypto']:>13.2f}{ind / med['pypto']:>16.2f}")
+                    torch.testing.assert_close(f(*inputs), expected, rtol=tol, atol=tol)
+                times = {label: [] for label in backends}
+                for _ in range(3):  # interleave rounds so noise hits every backend alike
+                    for label, f in backends.items():
+                        times[label].append(_median_us(f, inputs, args.repeats))
+                _clear_in_process_caches()
+                for label, (make, env, d) in makers.items():
+                    _, compile_s[label, "warm"] = _first_call_s(make, inputs, env, d)
+                _clear_in_process_caches()
+            med = {label: statistics.median(t) for label, t in times.items()}
+            ind = med.get("inductor", float("nan"))
+            if not math.isnan(ind):
+                ratios.append(ind / med["pypto"])
+            nbytes = _min_bytes(fn, inputs, expected)
+            gbs = {k: nbytes / (v * 1e-6) / 1e9 for k, v in med.items()}
+            row = [name, f"{med['eager']:.1f}", f"{ind:.1f}", f"{med['pypto']:.1f}",
+                   f"{med['eager'] / med['pypto']:.2f}", f"{ind / med['pypto']:.2f}",
+                   f"{gbs['pypto']:.1f}" if memory_bound else "-",
+                   f"{gbs.get('inductor', float('nan')):.1f}" if memory_bound else "-",
+                   f"{100 * gbs['pypto'] * 1e9 / copy_bw:.0f}%" if memory_bound else "-",
+                   *(f"{compile_s.get((b, w), float('nan')):.2f}"
+                     for b in ("inductor", "pypto") for w in ("cold", "warm"))]
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else float("nan")
+    print(f"# geometric mean speedup of pypto over Inductor (inductor us / pypto us): {geo:.2f}"
+          f" over {len(ratios)} cases")
+    if args.markdown:
+        command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
+        lines = [
+            "# Benchmarks: eager vs Inductor vs pypto (cpu target)", "",
+            f"{title}.", "",
+            f"Machine: {machine()} (`lscpu` model name; {torch.get_num_threads()} torch "
+            f"threads). Measured copy bandwidth at the start of the run: "
+            f"{copy_bw / 1e9:.1f} GB/s; host model: {hw.gm_bandwidth_bytes_per_s / 1e9:.1f} "
+            f"GB/s and {hw.launch_us:.1f} us per kernel call "
+            f"({dict(hw.details).get('source')}).", "",
+            f"Command: `{command}` (from the repository root, venv python).", "",
+            "Times are medians (us) of interleaved rounds; ratios > 1 mean pypto is faster. "
+            "GB/s counts the minimum traffic (inputs, parameters, outputs once) for "
+            "memory-bound cases; `% copy` is pypto's GB/s over the copy bandwidth. Compile "
+            "times are the first call's wall time (s): cold with fresh "
+            "`TORCHINDUCTOR_CACHE_DIR` / `PYPTO_INDUCTOR_CACHE_DIR` directories, warm with "
+            "the same directories after `torch._dynamo.reset()` and in-process caches "
+            "cleared (Inductor's `clear_caches()`, pypto's loaded-library table). The host "
+            "calibration (once per machine) ran before timing.", "",
+            "| " + " | ".join(cols) + " |",
+            "|" + "---|" * len(cols),
+            *("| " + " | ".join(r) + " |" for r in rows), "",
+            f"Geometric mean speedup of pypto over Inductor (Inductor time / pypto time): "
+            f"**{geo:.2f}** over {len(ratios)} cases.", "",
+        ]
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines))
     return 0
 
 

@@ -82,14 +82,15 @@ def report_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .models import ZOO
+    from .models import MODELS
 
     parser = argparse.ArgumentParser(prog="python -m pypto_inductor")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_text in (("demo", demo, "compile a built-in model, check it, report, time"),
                                 ("report", report_cmd, "print the fusion report of a built-in model")):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--model", default="transformer", choices=sorted(ZOO))
+        p.add_argument("--model", default="gpt_block" if name == "demo" else "transformer",
+                       choices=sorted(MODELS))
         p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                        help="a backend option, e.g. -o capacity_bytes=65536 -o target=reference")
         p.add_argument("--save", metavar="PATH", help="also write the report (.json or .html)")

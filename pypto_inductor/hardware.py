@@ -194,21 +194,36 @@ def _sysfs_cache_bytes(level: int, default: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def host() -> HardwareModel:
-    """The host CPU: a FusionTile's working set must stay within one core's L2."""
+    """The host CPU: a FusionTile's working set must stay within one core's L2.
+
+    Bandwidth and per-kernel call cost are measured once per machine and cached
+    on disk (:mod:`.calibrate`); ``PYPTO_INDUCTOR_NO_CALIBRATE=1`` keeps the
+    built-in defaults below.
+    """
+    from . import calibrate
+
     l2 = _sysfs_cache_bytes(2, 1 * MiB)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    bandwidth = 40e9  # default: measured copy bandwidth on our 2-core machines
+    launch_us = 4.0  # default: one Python-level kernel call
+    source = "built-in"
+    numbers = calibrate.host_numbers()
+    if numbers:
+        bandwidth = float(numbers.get("gm_bandwidth_bytes_per_s") or bandwidth)
+        launch_us = float(numbers.get("launch_us") or launch_us)
+        source = f"calibrated {numbers.get('measured_at', '')}".strip()
     return HardwareModel(
         name="host",
         vector_capacity_bytes=l2,
         cube_capacity_bytes=l2,
-        gm_bandwidth_bytes_per_s=40e9,  # measured copy bandwidth on our 2-core machines
+        gm_bandwidth_bytes_per_s=bandwidth,
         # 8-lane AVX2 FMA (2 flops) on 2 ports per core at ~2.5 GHz
         vector_flops_per_s=cores * 32 * 2.5e9,
         cube_flops_per_s=cores * 32 * 2.5e9,
-        launch_us=4.0,  # one Python-level kernel call
+        launch_us=launch_us,
         cores=cores or 1,
         details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
-                 ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB))),
+                 ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
     )
 
 

@@ -71,7 +71,8 @@ class GraphReport:
                 entry.update(sim.to_dict() if sim is not None else {
                     "pypto_source": None, "simulated_cycles_fused": None,
                     "simulated_cycles_unfused": None, "pto_ir_path": None,
-                    "simulation_error": "not simulated"})
+                    "perfetto_trace_path": None, "simulation_error": "not simulated",
+                    "split_ops": []})
             if tile.name in measured:
                 entry["measured_us"] = round(measured[tile.name], 3)
             tiles.append(entry)
@@ -188,14 +189,27 @@ def _html(report: FusionReport) -> str:
         if g.get("eager_reason"):
             parts.append(f"<p>runs eagerly: {esc(g['eager_reason'])}</p>")
             continue
+        simulated = any("simulated_cycles_fused" in t for t in g["fusion_tiles"])
         parts.append("<table><tr><th>kernel</th><th>ops</th><th>dtype</th><th>tile</th>"
-                     "<th>footprint</th><th>predicted us</th><th>measured us</th></tr>")
+                     "<th>footprint</th><th>predicted us</th><th>measured us</th>"
+                     + ("<th>simulated cycles fused</th><th>unfused</th><th>split ops</th>"
+                        "<th>pypto SIM trace</th>" if simulated else "") + "</tr>")
         for t in g["fusion_tiles"]:
             cells = [t["name"], " ".join(t["op_kinds"]), t["dtype"],
                      "x".join(map(str, t["tile_shape"])),
                      f"{t['footprint_bytes']} B = {t['footprint_expr']}", t["predicted_us"],
                      t.get("measured_us", "")]
-            parts.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
+            row = "".join(f"<td>{esc(str(c))}</td>" for c in cells)
+            if simulated:
+                row += "".join(f"<td>{esc(str(c if c is not None else ''))}</td>" for c in (
+                    t.get("simulated_cycles_fused"), t.get("simulated_cycles_unfused"),
+                    " ".join(t.get("split_ops") or [])))
+                trace = t.get("perfetto_trace_path")
+                # a local JSON trace: open it in https://ui.perfetto.dev ("Open trace file")
+                row += (f"<td><a href='{esc(Path(trace).resolve().as_uri())}' "
+                        f"title='open in ui.perfetto.dev'>perfetto trace</a></td>" if trace
+                        else f"<td>{esc(t.get('simulation_error') or '')[:200]}</td>")
+            parts.append("<tr>" + row + "</tr>")
         parts.append("</table><table><tr><th>producer</th><th>consumer</th><th>fused</th>"
                      "<th>reason</th><th>roi</th></tr>")
         for x in g["decisions"]:

@@ -208,18 +208,96 @@ def test_softmax_with_scale_and_mask(built):
 def test_non_native_tile_runs_reference_without_warning(built):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check(lambda a, b: a @ b, rand(16, 32), rand(32, 8), built=built, native=False)
+        check(lambda x: x.argmax(-1), rand(16, 32), built=built, native=False)
     assert built and not any(k.native for _, k in built)
     assert all(k.reason for _, k in built)
 
 
 def test_report_shows_native(built):
-    rep = pypto_inductor.report(lambda x, w: (torch.softmax(x, -1) @ w).relu(),
+    rep = pypto_inductor.report(lambda x, w: ((torch.softmax(x, -1) @ w).relu(), x.argmax(-1)),
                                 rand(8, 16), rand(16, 4), options=OPTS)
     tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
     natives = {t["name"]: t["native"] for t in tiles}
     assert any(v["native"] for v in natives.values()), natives
     assert any(v["native"] is False and v["reason"] for v in natives.values()), natives
+
+
+# --- matmul tiles: torch's BLAS + one native epilogue pass ---------------------------------
+def _matmul_tiles(built):
+    tiles = [(t, k) for t, k in built if t.kind.value == "matmul"]
+    assert tiles, [t.name for t, _ in built]
+    return tiles
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matmul_linear_gelu(dtype, built, tol):
+    lin = torch.nn.Linear(64, 48).to(dtype)
+    check(lambda x: F.gelu(lin(x)), rand(4, 10, 64, dtype=dtype), built=built,
+          **tol(dtype))
+    tiles = _matmul_tiles(built)
+    assert all(k.native and k.program is not None for _, k in tiles)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matmul_linear_bias_residual(dtype, built, tol):
+    lin = torch.nn.Linear(32, 32).to(dtype)
+    check(lambda x, r: lin(x) + r, rand(6, 9, 32, dtype=dtype), rand(6, 9, 32, dtype=dtype),
+          built=built, **tol(dtype))
+    _matmul_tiles(built)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matmul_bmm_scale(dtype, built, tol):
+    check(lambda a, b: torch.bmm(a, b) * 0.125, rand(3, 17, 24, dtype=dtype),
+          rand(3, 24, 11, dtype=dtype), built=built, **tol(dtype))
+    _matmul_tiles(built)
+
+
+def test_matmul_epilogue_cast_and_two_outputs(built, tol):
+    w = rand(40, 24)
+
+    def fn(x, b):
+        y = x @ w
+        return y, torch.sigmoid(y + b).to(torch.bfloat16)
+    check(fn, rand(20, 40), rand(24), built=built, **tol(torch.bfloat16))
+    _matmul_tiles(built)
+
+
+def test_matmul_epilogue_reshapes_and_reshaped_output(built):
+    lin = torch.nn.Linear(32, 16)
+
+    def f(x):
+        y = lin(x)
+        return y, F.gelu(y) * x[..., :16].sum()
+
+    def g(x, w, r):
+        return (x @ w).view(2, 3, 4, 8) + r
+    check(f, rand(4, 5, 32), built=built)
+    check(g, rand(6, 16), rand(16, 32), rand(4, 8), built=built)
+    assert len(_matmul_tiles(built)) == 2
+
+
+def test_matmul_one_op(built):
+    check(lambda a, b: a @ b, rand(16, 32), rand(32, 8), built=built)
+    tiles = _matmul_tiles(built)
+    assert all(k.native and k.program is None for _, k in tiles)
+
+
+def test_matmul_dynamic_batch_no_recompile(built, tol):
+    lin = torch.nn.Linear(32, 16)
+
+    def fn(x, r):
+        return F.silu(lin(x)) * 2.0 + r
+    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
+                             dynamic=True)
+    counts = []
+    for batch in (3, 7, 12):
+        x, r = rand(batch, 5, 32), rand(batch, 5, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, r), fn(x, r), **tol(torch.float32))
+        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
+    assert counts[0] == counts[1] == counts[2]
+    assert all(k.native for _, k in _matmul_tiles(built))
 
 
 # --- dynamic sizes and the cache ---------------------------------------------------------

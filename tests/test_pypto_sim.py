@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +26,7 @@ import pypto_inductor  # noqa: E402
 from pypto_inductor import hardware  # noqa: E402
 from pypto_inductor.codegen import TargetUnavailable, npu, pypto_sim  # noqa: E402
 from pypto_inductor.codegen.pypto_emit import (  # noqa: E402
-    PyptoEmitError, emit_tile, single_op_tile)
+    PyptoEmitError, emit_tile, single_op_tile, split_tile)
 from pypto_inductor.models import LayerNormGeluResidual  # noqa: E402
 
 R, C = 64, 256
@@ -180,6 +181,13 @@ def test_report_simulate_fills_tile_fields(sim_cache, tmp_path, monkeypatch):
         else:
             assert t["simulated_cycles_unfused"] is None
         assert Path(t["pto_ir_path"]).is_file()
+        trace = Path(t["perfetto_trace_path"])  # kept in the cache beside the stat report
+        assert trace.is_file() and trace.parent == Path(t["pto_ir_path"]).parent
+        assert '"traceEvents"' in trace.read_text()[:200]
+    html_text = rep.save(tmp_path / "report.html").read_text()
+    for t in tiles:
+        assert Path(t["perfetto_trace_path"]).resolve().as_uri() in html_text
+    assert html_text.count(">perfetto trace</a>") == len(tiles)
     summary = d["summary"]
     assert summary["simulated_speedup"] > 1.0
     assert summary["simulation_failures"] == 0
@@ -236,3 +244,128 @@ def test_ascend_model_reads_pypto_ini(monkeypatch):
     assert dict(fallback.details)["source"] == "built-in"
     assert (fallback.vector_capacity_bytes, fallback.cube_flops_per_s) == \
         (hw.vector_capacity_bytes, hw.cube_flops_per_s)
+
+
+# --- dynamic sizes: rows from the graph's size symbols, one kernel source for every size ------
+def _dynamic_tiles(fn, x, *rest):
+    """FusionTiles of ``fn`` with x's leading two dims dynamic (the trailing one static)."""
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(x, 1)
+    plan = _plan(fn, x, *rest)
+    return plan, plan.graph.specs[plan.graph.inputs[-1 - len(rest)]].shape
+
+
+DYNAMIC = {
+    "broadcast": lambda x, b: torch.relu(x + b) * b,
+    "row_reduction": lambda x, w: (torch.softmax(x, -1) * w + x.amax(-1, keepdim=True),
+                                   x.sum(-1)),
+}
+
+
+@pytest.fixture(scope="module")
+def dynamic_runs(sim_cache):
+    """Each dynamic kernel simulated at two sizes in one batch: name -> (kernel, results)."""
+    kernels, out = [], {}
+    for name, fn in DYNAMIC.items():
+        plan, x_shape = _dynamic_tiles(fn, _x(4, 48, C), _x(C))
+        (tile,) = plan.tiles
+        kernel = emit_tile(tile, plan.graph)
+        rows = x_shape[:2]  # (s0, s1): the tile's rows are s0*s1
+        assert all(isinstance(s, sympy.Symbol) for s in rows), x_shape
+        small = kernel.at_sizes({rows[0]: 2, rows[1]: 50})
+        large = kernel.at_sizes({rows[0]: 8, rows[1]: 512})
+        out[name] = (kernel, small, large)
+        kernels += [small, large]
+    results = iter(pypto_sim.simulate_kernels(kernels))
+    return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC))
+def test_dynamic_kernel_simulates_at_two_sizes_with_one_source(dynamic_runs, name):
+    kernel, small, large, r_small, r_large = dynamic_runs[name]
+    src = kernel.source
+    assert kernel.dynamic and small.source == large.source == src
+    assert 'R = pypto.frontend.dynamic("R")' in src and "pypto.Tensor((R, 256)" in src
+    assert "pypto.loop(" in src and "pypto.view(" in src and "pypto.assemble(" in src
+    assert small.inputs[0].graph_shape == (2, 50, C) and small.inputs[0].shape == (100, C)
+    assert large.inputs[0].graph_shape == (8, 512, C) and large.inputs[0].shape == (4096, C)
+    for r in (r_small, r_large):
+        assert r.error is None, f"{src}\n{r.error}"
+        assert r.cycles > 0 and Path(r.perfetto_trace_path).is_file()
+    assert r_large.cycles > r_small.cycles  # 41x the rows
+    print(f"{name}: {r_small.cycles} cycles at 100 rows, {r_large.cycles} at 4096")
+
+
+def test_dynamic_launcher_reshapes_per_call():
+    plan, _ = _dynamic_tiles(DYNAMIC["row_reduction"], _x(4, 48, C), _x(C))
+    (tile,) = plan.tiles
+    kernel = emit_tile(tile, plan.graph, run_mode="NPU")
+    seen = []
+    launcher = npu.PyptoLauncher(kernel.to_json(), fn=lambda *args: seen.append(
+        [tuple(a.shape) for a in args]))
+    for b, s in ((2, 50), (3, 7)):
+        outs = launcher([torch.randn(b, s, C), torch.randn(C)],
+                        [(b, s, C), (b, s)])
+        assert [tuple(o.shape) for o in outs] == [(b, s, C), (b, s)]
+        assert seen[-1] == [(b * s, C), (1, C), (b * s, C), (b * s, 1)]
+    with pytest.raises(ValueError, match="does not fit"):
+        launcher([torch.randn(5, C + 1), torch.randn(C)])
+
+
+def test_dynamic_cases_not_supported_yet_name_themselves():
+    # every dim dynamic: the trailing (column) extent is a symbol
+    plan = pypto_inductor.report(lambda x: torch.relu(x) * 2, _x(64, C), dynamic=True,
+                                 options={"hardware": "ascend-a2"}).graphs[0].plan
+    with pytest.raises(PyptoEmitError, match="dynamic column extent .* not supported yet"):
+        emit_tile(plan.tiles[0], plan.graph)
+    plan, _ = _dynamic_tiles(lambda x: x.sum(0), _x(4, 48, C))
+    with pytest.raises(PyptoEmitError, match="leading extent .* is not supported yet"):
+        emit_tile(plan.tiles[0], plan.graph)
+    plan, _ = _dynamic_tiles(lambda x, w: x @ w, _x(4, 48, C), _x(C, 128))
+    with pytest.raises(PyptoEmitError, match="not supported yet in matmul tiles"):
+        emit_tile(next(t for t in plan.tiles if "matmul" in t.op_names), plan.graph)
+
+
+# --- splitting a FusionTile at an op with no pypto form ------------------------------------
+def _with_bitwise_not(x, y):
+    a = torch.relu(x + y)
+    return torch.where(~(a > 0.5), a * 2, x) + 1
+
+
+def test_tile_split_at_op_without_pypto_form(sim_cache, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x, y = _x(R, C), _x(R, C)
+    rep = pypto_inductor.report(_with_bitwise_not, x, y, options={"simulate": True})
+    plan = rep.graphs[0].plan
+    (tile,) = plan.tiles  # the planner keeps one tile: splitting is the target's business
+    assert "bitwise_not" in tile.op_names
+    with pytest.raises(PyptoEmitError, match="bitwise_not has no pypto form"):
+        emit_tile(tile, plan.graph)
+    split = split_tile(tile, plan.graph)
+    assert [op.op for op in split.split_ops] == ["bitwise_not"]
+    assert [(kind, x.name if kind == "pypto" else x.op) for kind, x in split.steps] == [
+        ("pypto", f"{tile.name}_part0"), ("extern", "bitwise_not"),
+        ("pypto", f"{tile.name}_part1")]
+    before, after = split.parts
+    assert before.op_names == ["add", "relu", "gt", "mul"] and after.op_names == ["where", "add"]
+    assert set(before.outputs) == {"gt", "mul"} and set(after.inputs) >= {"bitwise_not", "mul"}
+
+    (entry,) = rep.to_dict()["graphs"][0]["fusion_tiles"]
+    assert entry["split_ops"] == ["bitwise_not"]
+    assert entry["simulation_error"] is None, entry["simulation_error"]
+    parts = entry["split_parts"]
+    assert [p["name"] for p in parts] == [before.name, after.name]
+    assert all(p["simulated_cycles"] > 0 and Path(p["perfetto_trace_path"]).is_file()
+               for p in parts)
+    assert entry["simulated_cycles_fused"] == sum(p["simulated_cycles"] for p in parts)
+    assert "bitwise_not" not in entry["simulated_cycles_unfused_by_op"]
+    assert entry["simulated_cycles_unfused"] > entry["simulated_cycles_fused"]
+    assert entry["pypto_source"].count("@pypto.frontend.jit") == 2
+    assert "<td>bitwise_not</td>" in rep.save(tmp_path / "r.html").read_text()
+
+    # the NPU path runs the same steps: pypto parts (here the reference) and the op eagerly
+    from pypto_inductor.codegen.reference import build_reference
+    run = npu.build_split(split, plan.graph, build_reference)
+    assert run.split_ops == ["bitwise_not"]
+    (out,) = run([x, y], ())
+    torch.testing.assert_close(out, _with_bitwise_not(x, y))

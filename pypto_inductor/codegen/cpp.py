@@ -10,9 +10,11 @@ Iteration: a tile's domain D is split into rows (the outer dims, flattened,
 run in parallel with OpenMP) and columns (the reduced trailing dims of a
 reduction tile; for a pointwise tile the longest trailing run every input
 reads contiguously or broadcast). Input sizes and strides are kernel arguments,
-so dynamic sizes never recompile. Tiles outside the native slice (matmul,
-non-trailing reductions, argmax, cat, ...) run the reference executor for that
-tile, without a warning; the kernel's ``native``/``reason`` attributes say so.
+so dynamic sizes never recompile. Matmul tiles keep the GEMM on torch's BLAS
+and run their elementwise epilogue as one native pass (:mod:`.cpp_matmul`).
+Tiles outside the native slice (non-trailing reductions, argmax, cat, ...) run
+the reference executor for that tile, without a warning; the kernel's
+``native``/``reason`` attributes say so.
 """
 from __future__ import annotations
 
@@ -346,17 +348,37 @@ def generate_source(program: Program) -> str:
 
 def build(tile: FusionTile, graph: TileGraph):
     """kernel(inputs, syms) -> outputs: native C++ when the tile is in the slice."""
-    global _warned_no_compiler
+    if tile.kind is OpKind.MATMUL:
+        from . import cpp_matmul
+
+        try:
+            return cpp_matmul.build(tile, graph, _build_native)
+        except NotNative as e:
+            return _reference(tile, graph, str(e))
+        except _NoCompiler:
+            return _reference(tile, graph, "no C++ compiler")
     try:
-        program = analyse(tile, graph)
+        return _build_native(tile, graph)
     except NotNative as e:
         return _reference(tile, graph, str(e))
+    except _NoCompiler:
+        return _reference(tile, graph, "no C++ compiler")
+
+
+class _NoCompiler(Exception):
+    pass
+
+
+def _build_native(tile: FusionTile, graph: TileGraph):
+    """The native kernel of a pointwise/reduction tile; raises NotNative or _NoCompiler."""
+    global _warned_no_compiler
+    program = analyse(tile, graph)
     if cpp_build.find_compiler() is None:
         if not _warned_no_compiler:
             _warned_no_compiler = True
             warnings.warn("pypto_inductor: no C++ compiler found (set CXX or install g++); "
-                          "the cpu target runs the reference executor", stacklevel=2)
-        return _reference(tile, graph, "no C++ compiler")
+                          "the cpu target runs the reference executor", stacklevel=4)
+        raise _NoCompiler()
     fn = cpp_build.load(generate_source(program), SYMBOL)  # raises on a compile error
     return _native_kernel(fn, program)
 

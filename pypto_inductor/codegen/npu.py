@@ -100,21 +100,44 @@ class PyptoLauncher:
         return [torch.zeros(p["graph_shape"], dtype=_dtype(p), device=device)
                 for p in self.inputs]
 
-    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, inputs: list[torch.Tensor],
+                 output_shapes: list | None = None) -> list[torch.Tensor]:
+        """Run the kernel; outputs come back in ``output_shapes`` (default: the params' graph
+        shapes, which a dynamic kernel's outputs only have at the example sizes)."""
         if len(inputs) != len(self.inputs):
             raise ValueError(f"kernel {self.name} takes {len(self.inputs)} inputs, "
                              f"got {len(inputs)}")
         args = []
+        dyn: dict[str, int] = {}  # dynamic kernel dim -> its size in this call
         for x, p in zip(inputs, self.inputs):
-            if x.numel() != _numel(p["shape"]):
+            dims = p.get("dims") or p["shape"]
+            static = _numel([d for d in dims if not isinstance(d, str)])
+            names = [d for d in dims if isinstance(d, str)]
+            if not names and x.numel() != static:
                 raise ValueError(
                     f"kernel {self.name} was emitted for static shapes: input {p['value']} has "
                     f"{tuple(x.shape)}, the kernel expects {tuple(p['graph_shape'])}")
-            args.append(x.to(_dtype(p)).contiguous().reshape(p["shape"]))
+            if names:
+                n, rem = divmod(x.numel(), static)
+                if rem or dyn.get(names[0], n) != n:
+                    raise ValueError(f"kernel {self.name}: input {p['value']} of shape "
+                                     f"{tuple(x.shape)} does not fit the kernel dims {dims}")
+                dyn[names[0]] = n
+            shape = [dyn[d] if isinstance(d, str) else d for d in dims]
+            args.append(x.to(_dtype(p)).contiguous().reshape(shape))
         device = inputs[0].device if inputs else _default_device()
-        outs = [torch.empty(p["shape"], dtype=_dtype(p), device=device) for p in self.outputs]
+        outs = []
+        for p in self.outputs:
+            dims = p.get("dims") or p["shape"]
+            if any(isinstance(d, str) and d not in dyn for d in dims):
+                raise ValueError(f"kernel {self.name}: no input gives the size of {dims}")
+            outs.append(torch.empty([dyn[d] if isinstance(d, str) else d for d in dims],
+                                    dtype=_dtype(p), device=device))
         self.fn(*args, *outs)
-        return [o.reshape(p["graph_shape"]) for o, p in zip(outs, self.outputs)]
+        if output_shapes is None:
+            output_shapes = [p["graph_shape"] if _numel(p["graph_shape"]) == o.numel()
+                             else o.shape for o, p in zip(outs, self.outputs)]
+        return [o.reshape(shape) for o, shape in zip(outs, output_shapes)]
 
 
 def _dtype(param: dict) -> torch.dtype:
@@ -137,17 +160,65 @@ def _default_device() -> torch.device:
 def build(tile, graph):
     """kernel(inputs, syms) -> outputs: the FusionTile as a pypto kernel on the NPU.
 
-    Kernels are static at the example sizes for now: a call with other sizes
-    raises (dynamic sizes through pypto.frontend.dynamic are a follow-up).
+    A tile whose rows are a size expression gets a dynamic kernel (one source for
+    every size); a static kernel called with other sizes raises. A tile with ops
+    that have no pypto form is split there (:func:`.pypto_emit.split_tile`): those
+    ops run eagerly between the pypto kernels of the rest.
     """
     check_available()
+    from .pypto_emit import PyptoEmitError, split_tile
+
+    try:
+        return build_kernel(tile, graph)
+    except PyptoEmitError:
+        split = split_tile(tile, graph)
+        if split is None or not split.parts:
+            raise
+        return build_split(split, graph, build_kernel)
+
+
+def build_kernel(tile, graph):
+    """kernel(inputs, syms) -> outputs for one pypto kernel (raises PyptoEmitError)."""
     from .pypto_emit import emit_tile
 
-    kernel = emit_tile(tile, graph, run_mode="NPU").to_json()
-    digest = hashlib.sha256(kernel["source"].encode()).hexdigest()[:16]
-    launcher = PyptoLauncher.load(kernel, kernel_dir() / digest)
+    kernel = emit_tile(tile, graph, run_mode="NPU")
+    digest = hashlib.sha256(kernel.source.encode()).hexdigest()[:16]
+    launcher = PyptoLauncher.load(kernel.to_json(), kernel_dir() / digest)
+    if not kernel.dynamic:
+        def run(inputs: list, syms: tuple) -> list:
+            return launcher(inputs)
+        return run
+    from .sizes import size_function
+
+    out_shapes = size_function(tuple(tuple(graph.specs[p.value].shape) for p in kernel.outputs),
+                               graph.symbols)
+
+    def run_dynamic(inputs: list, syms: tuple) -> list:
+        return launcher(inputs, [list(s) for s in out_shapes(syms)])
+
+    return run_dynamic
+
+
+def build_split(split, graph, build_part: Callable) -> Callable:
+    """kernel(inputs, syms) -> outputs of a split tile: ``build_part(part, graph)`` for
+    each pypto part, the split ops one by one with torch (the reference executor)."""
+    from .pypto_emit import single_op_tile
+    from .reference import build_reference
+
+    steps = []
+    for kind, x in split.steps:
+        if kind == "pypto":
+            steps.append((list(x.inputs), list(x.outputs), build_part(x, graph)))
+        else:
+            one = single_op_tile(x, graph, split.tile.tile_shape)
+            steps.append((list(one.inputs), list(one.outputs), build_reference(one, graph)))
+    tile_inputs, tile_outputs = list(split.tile.inputs), list(split.tile.outputs)
 
     def run(inputs: list, syms: tuple) -> list:
-        return launcher(inputs)
+        env = dict(zip(tile_inputs, inputs))
+        for ins, outs, fn in steps:
+            env.update(zip(outs, fn([env[a] for a in ins], syms)))
+        return [env[o] for o in tile_outputs]
 
+    run.split_ops = [op.op for op in split.split_ops]
     return run

@@ -6,9 +6,17 @@ a kernel is emitted as a whole module (``import pypto`` plus one
 and imports. Every tile input and output is an annotated parameter
 ``pypto.Tensor(shape, dtype)``; outputs are written with ``out[:] = ...``.
 
-Shapes are static, at the graph's example sizes (``graph.hint``): dynamic sizes
-through ``pypto.frontend.dynamic`` with a ``pypto.loop`` over ``pypto.view`` tiles
-are a follow-up.
+Shapes are static, at the graph's example sizes (``graph.hint``), unless the
+tile's rows (the product of the domain's leading, kept dims) are a size
+expression: then the kernel declares ``R = pypto.frontend.dynamic("R")`` and
+annotates every row-spanning value ``(R, C)`` / ``(R, 1)``, and its body runs in
+a ``pypto.loop`` over row tiles, on ``pypto.view``s of the inputs (with a
+``valid_shape`` for the last, partial tile), storing with ``pypto.assemble``
+(pypto fails on whole-tensor ops over a dynamic dim). One source serves every
+size; :meth:`PyptoKernel.at_sizes` gives the same kernel at other example sizes.
+Supported: elementwise/broadcast tiles and trailing (row) reductions whose
+columns / reduced length are static. Dynamic columns, reductions over leading
+dims and matmul tiles raise :class:`PyptoEmitError` saying so.
 
 Vector FusionTiles are emitted over a 2-D view of their iteration domain, the
 same (rows, cols) split the planner's tile shape uses: a domain D reducing its
@@ -22,8 +30,10 @@ Compute dtype: fp32, or fp16 when the tile computes in fp16 (dtype_policy
 "strict"); bf16 inputs are always upcast (pypto's vector unit has no bf16
 arithmetic). Inputs are cast after load and outputs cast back on store.
 
-A tile op with no pypto form raises :class:`PyptoEmitError` naming the op; the
-caller records "split: <op> has no pypto form".
+A tile op with no pypto form raises :class:`PyptoEmitError` naming the op;
+:func:`split_tile` then splits the tile at such ops into pypto sub-tiles (by
+data dependence) with the ops between them run as extern ops, which the
+simulator (``split_ops`` in the report) and the NPU target do.
 
 This module holds the kernel structure: the errors, :class:`KernelParam` and
 :class:`PyptoKernel`, the 2-D layout, the emitter that writes a kernel's
@@ -44,7 +54,8 @@ import torch
 from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, TileOp
 
 __all__ = ["PyptoEmitError", "KernelParam", "PyptoKernel", "emit_tile", "emit_op",
-           "single_op_tile", "PYPTO_DTYPES", "supported_ops"]
+           "single_op_tile", "PYPTO_DTYPES", "supported_ops", "TileSplit", "split_tile",
+           "unsupported_ops"]
 
 
 class PyptoEmitError(ValueError):
@@ -78,16 +89,28 @@ class KernelParam:
     dtype: torch.dtype
     is_output: bool
     graph_shape: tuple[int, ...] = ()  # the value's own shape at the example sizes
+    # Dynamic kernels: the kernel dims with the dynamic one named (e.g. ("R", 256)), and the
+    # value's graph shape as sympy strings over the graph's size symbols; () when static.
+    dims: tuple = ()
+    graph_dims: tuple[str, ...] = ()
+
+    @property
+    def dynamic(self) -> bool:
+        return any(isinstance(d, str) for d in self.dims)
 
     def to_json(self) -> dict:
-        return {"ident": self.ident, "value": self.value, "shape": list(self.shape),
-                "dtype": str(self.dtype).replace("torch.", ""), "is_output": self.is_output,
-                "graph_shape": list(self.graph_shape)}
+        d = {"ident": self.ident, "value": self.value, "shape": list(self.shape),
+             "dtype": str(self.dtype).replace("torch.", ""), "is_output": self.is_output,
+             "graph_shape": list(self.graph_shape)}
+        if self.dims:
+            d["dims"], d["graph_dims"] = list(self.dims), list(self.graph_dims)
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelParam":
         return cls(d["ident"], d["value"], tuple(d["shape"]), getattr(torch, d["dtype"]),
-                   d["is_output"], tuple(d["graph_shape"]))
+                   d["is_output"], tuple(d["graph_shape"]), tuple(d.get("dims", ())),
+                   tuple(d.get("graph_dims", ())))
 
 
 @dataclasses.dataclass
@@ -98,6 +121,39 @@ class PyptoKernel:
     params: list[KernelParam]  # inputs first, then outputs: the call order
     vec_tile: tuple[int, ...] | None
     cube_tile: tuple[tuple[int, int], ...] | None
+    dynamic_dims: dict[str, str] = dataclasses.field(default_factory=dict)  # "R" -> "s0*s1"
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.dynamic_dims)
+
+    def at_sizes(self, sizes: dict) -> "PyptoKernel":
+        """The same kernel (same source) whose example shapes are at other sizes.
+
+        ``sizes`` maps size symbols (or their names) to ints; only meaningful for a
+        dynamic kernel: the simulator runs it on inputs of these shapes.
+        """
+        if not self.dynamic:
+            raise ValueError(f"kernel {self.name} has static shapes")
+        names = {str(k): int(v) for k, v in sizes.items()}
+
+        def value(g: str) -> int:
+            expr = sympy.sympify(g)
+            missing = sorted(x.name for x in expr.free_symbols if x.name not in names)
+            if missing:
+                raise ValueError(f"kernel {self.name}: no size given for {missing}")
+            return int(expr.subs({x: names[x.name] for x in expr.free_symbols}))
+        params = []
+        for p in self.params:
+            if not p.dims:
+                params.append(p)
+                continue
+            graph_shape = tuple(value(g) for g in p.graph_dims)
+            static = _prod([d for d in p.dims if not isinstance(d, str)])
+            shape = tuple(_prod(graph_shape) // static if isinstance(d, str) else d
+                          for d in p.dims)
+            params.append(dataclasses.replace(p, shape=shape, graph_shape=graph_shape))
+        return dataclasses.replace(self, params=params)
 
     @property
     def inputs(self) -> list[KernelParam]:
@@ -115,14 +171,16 @@ class PyptoKernel:
         return {"name": self.name, "tile_name": self.tile_name, "source": self.source,
                 "params": [p.to_json() for p in self.params],
                 "vec_tile": list(self.vec_tile) if self.vec_tile else None,
-                "cube_tile": [list(x) for x in self.cube_tile] if self.cube_tile else None}
+                "cube_tile": [list(x) for x in self.cube_tile] if self.cube_tile else None,
+                "dynamic_dims": dict(self.dynamic_dims)}
 
     @classmethod
     def from_json(cls, d: dict) -> "PyptoKernel":
         return cls(d["name"], d["tile_name"], d["source"],
                    [KernelParam.from_json(p) for p in d["params"]],
                    tuple(d["vec_tile"]) if d["vec_tile"] else None,
-                   tuple(tuple(x) for x in d["cube_tile"]) if d["cube_tile"] else None)
+                   tuple(tuple(x) for x in d["cube_tile"]) if d["cube_tile"] else None,
+                   dict(d.get("dynamic_dims") or {}))
 
 
 def _ident(name: str) -> str:
@@ -157,19 +215,28 @@ class _Layout:
         self.matmul = next((op for op in tile.ops if op.kind is OpKind.MATMUL), None)
         reductions = [op for op in tile.ops if op.kind is OpKind.REDUCTION]
         self.roles: dict[str, tuple[int, ...]] = {}
+        self.dynamic = False  # rows are a size expression: a pypto.loop over row tiles
+        self.rows_expr = None
         if self.matmul is not None:
+            self.sym_domain = tuple(self.matmul.out.shape)
             self.domain = self.hint(self.matmul.out.shape)
             self.reduce_axes: tuple[int, ...] = ()
             self.reduce_dim = None
+            if any(_symbolic(x) for x in self.sym_domain) or any(
+                    _symbolic(x) for a in self.matmul.args[:2] if isinstance(a, str)
+                    for x in graph.specs[a].shape):
+                raise PyptoEmitError(self.matmul.op, "dynamic sizes are not supported yet in "
+                                     "matmul tiles (only elementwise/broadcast and row reductions)")
             return
         if reductions:
             red = reductions[0]
-            self.domain = self.hint(graph.specs[red.args[0]].shape)
+            self.sym_domain = tuple(graph.specs[red.args[0]].shape)
             self.reduce_axes = tuple(red.attrs["dims"])
         else:
-            shapes = [self.hint(op.out.shape) for op in tile.ops]
-            self.domain = max(shapes, key=lambda s: (_prod(s), len(s)))
+            shapes = [tuple(op.out.shape) for op in tile.ops]
+            self.sym_domain = max(shapes, key=lambda s: (_prod(self.hint(s)), len(s)))
             self.reduce_axes = ()
+        self.domain = self.hint(self.sym_domain)
         d, a = self.domain, self.reduce_axes
         n = len(d)
         if not a:
@@ -183,14 +250,36 @@ class _Layout:
                                  "is neither leading nor trailing")
         self.split = split
         self.rows, self.cols = _prod(d[:split]), _prod(d[split:])
+        rows_expr = sympy.Mul(*self.sym_domain[:split]) if split else sympy.Integer(1)
+        cols_expr = sympy.Mul(*self.sym_domain[split:]) if split < n else sympy.Integer(1)
+        what = (reductions[0] if reductions else tile.ops[0]).op
+        if self.reduce_dim == 0 and (_symbolic(rows_expr) or _symbolic(cols_expr)):
+            raise PyptoEmitError(what, f"a reduction over a leading extent ({rows_expr}) with "
+                                 "dynamic sizes is not supported yet")
+        if _symbolic(cols_expr):
+            kind = "reduced" if self.reduce_dim == 1 else "column"
+            raise PyptoEmitError(what, f"a dynamic {kind} extent ({cols_expr}) is not supported "
+                                 "yet: dynamic sizes must be in the leading (row) dims, the "
+                                 "trailing ones static")
+        if _symbolic(rows_expr):
+            self.dynamic, self.rows_expr = True, rows_expr
+        self.body_rows = self.rows  # rows of the values the body computes (a row tile if dynamic)
 
     # vector tiles --------------------------------------------------------------------
     def reduced(self) -> tuple[int, int]:
         return (self.rows, 1) if self.reduce_dim == 1 else (1, self.cols)
 
-    def classify(self, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
-        """The kernel shape of a value of this (example-size) shape."""
-        d = self.domain
+    def classify(self, shape: tuple, what: str) -> tuple[int, ...]:
+        """The kernel shape (at the example sizes) of a value of this (symbolic) shape.
+
+        Static tiles compare example sizes; dynamic tiles compare the size
+        expressions, so an example size that happens to equal a static one is
+        not taken for it.
+        """
+        if self.dynamic:
+            d, shape = self.sym_domain, tuple(sympy.sympify(s) for s in shape)
+        else:
+            d, shape = self.domain, self.hint(shape)
         if self.matmul is not None:
             if len(shape) > len(d):
                 raise PyptoEmitError(what, f"shape {list(shape)} has more dims than {list(d)}")
@@ -218,6 +307,14 @@ class _Layout:
         raise PyptoEmitError(what, f"broadcast of {list(shape)} against the tile domain "
                              f"{list(d)} has no 2-D form")
 
+    def has_rows(self, kshape: tuple[int, ...]) -> bool:
+        """Whether a value of this kernel shape spans the (dynamic) rows."""
+        return self.dynamic and kshape[0] == self.rows
+
+    def body_shape(self, kshape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of such a value inside the kernel body (one row tile if dynamic)."""
+        return (self.body_rows,) + tuple(kshape[1:]) if self.has_rows(kshape) else tuple(kshape)
+
     def vec_tile(self, tile_shape: tuple[int, ...]) -> tuple[int, ...]:
         """pypto vector tile shape from the planner's (rows, cols), clamped to the domain."""
         if self.matmul is not None:
@@ -228,7 +325,9 @@ class _Layout:
         t_cols = tile_shape[1] if len(tile_shape) > 1 else self.cols
         if self.reduce_dim == 0:  # the planner's cols span the reduced (here leading) extent
             t_rows, t_cols = t_cols, t_rows
-        t_rows, t_cols = max(1, min(t_rows, self.rows)), max(1, min(t_cols, self.cols))
+        # Dynamic rows: the row tile does not depend on the example size (a loop covers any).
+        t_rows = max(1, t_rows if self.dynamic else min(t_rows, self.rows))
+        t_cols = max(1, min(t_cols, self.cols))
         # pypto 0.2.0 fails to place a vector tile beyond a third of UB (measured: 64x256
         # fp32 compiles, 128x256 does not); shrink rows, then columns.
         budget = _ub_bytes() // 3
@@ -240,6 +339,10 @@ class _Layout:
         if t_cols < self.cols:  # keep a row of the tile 32-byte aligned
             t_cols = max(8, t_cols - t_cols % 8)
         return (t_rows, t_cols)
+
+
+def _symbolic(x: Any) -> bool:
+    return isinstance(x, sympy.Basic) and bool(x.free_symbols)
 
 
 def _ub_bytes() -> int:
@@ -339,13 +442,32 @@ class _Emitter:
             used.add(name)
             return name
 
+        dyn = layout.dynamic
+        if dyn:
+            vec = layout.vec_tile(tile.tile_shape)
+            layout.body_rows = vec[0]  # the loop's row tile
+
+        def param(prefix: str, value: str, spec: TensorSpec, shape, is_output: bool):
+            extra = {}
+            if dyn:
+                dims = ("R",) + tuple(shape[1:]) if layout.has_rows(shape) else tuple(shape)
+                extra = dict(dims=dims, graph_dims=tuple(str(sympy.sympify(x))
+                                                         for x in spec.shape))
+            return KernelParam(pname(prefix, value), value, shape, spec.dtype, is_output,
+                               self.hint(spec), **extra)
+
+        input_idents = set()
         for value in tile.inputs:
             spec = graph.specs[value]
             shape = self._value_shape(value, spec, is_input=True)
-            p = KernelParam(pname("in", value), value, shape, spec.dtype, False,
-                            self.hint(spec))
+            p = param("in", value, spec, shape, False)
             params.append(p)
             ident = p.ident
+            if dyn and layout.has_rows(shape):  # this row tile of the input
+                body = list(layout.body_shape(shape))
+                ident = self.tmp(f"pypto.view({ident}, {body!r}, [r0, 0], valid_shape=[rn, "
+                                 f"{body[1]}])", "v")
+            input_idents.add(ident)
             kdt = self.kernel_dtype(spec)
             if kdt != spec.dtype and not self._is_matmul_operand(value):
                 ident = self.tmp(f"pypto.cast({ident}, {self.dt(kdt)})", "x")
@@ -355,8 +477,10 @@ class _Emitter:
         for value in tile.outputs:
             spec = graph.specs[value]
             shape = self._value_shape(value, spec, is_input=False)
-            params.append(KernelParam(pname("out", value), value, shape, spec.dtype, True,
-                                      self.hint(spec)))
+            if dyn and not layout.has_rows(shape):
+                raise PyptoEmitError(value, f"an output of shape {list(spec.shape)} that does "
+                                     "not span the dynamic rows is not supported yet")
+            params.append(param("out", value, spec, shape, True))
         fused_norms, skipped = _match_rms_norm(tile, self)
         for op in tile.ops:
             if op.name in skipped:
@@ -374,7 +498,6 @@ class _Emitter:
             ident, kdt = handler(self, op)
             self.env[op.name], self.dtype[op.name] = ident, kdt
             self.shape[op.name] = self._value_shape(op.name, op.out, is_input=False)
-        input_idents = {p.ident for p in params if not p.is_output}
         for p in params:
             if not p.is_output:
                 continue
@@ -383,11 +506,22 @@ class _Emitter:
                 ident = f"pypto.cast({ident}, {self.dt(p.dtype)})"
             elif ident in input_idents:  # an output that is a view of an input: copy it
                 ident = f"pypto.clone({ident})"
-            self.lines.append(f"{p.ident}[:] = {ident}")
+            if dyn:  # this row tile of the output
+                self.lines.append(f"pypto.assemble({ident}, [r0, 0], {p.ident})")
+            else:
+                self.lines.append(f"{p.ident}[:] = {ident}")
 
         vec = layout.vec_tile(tile.tile_shape)
         cube = None
         head = [f"pypto.set_vec_tile_shapes({', '.join(map(str, vec))})"]
+        if dyn:
+            # pypto fails on whole-tensor ops over a dynamic dim ("shape size must be <=
+            # INT32_MAX"): the body runs once per row tile, on views of the inputs.
+            tr = vec[0]
+            head += [f"for i in pypto.loop((R + {tr - 1}) // {tr}):",
+                     f"    r0 = i * {tr}",
+                     f"    rn = pypto.min(r0 + {tr}, R) - r0"]
+            self.lines = ["    " + line for line in self.lines]
         if layout.matmul is not None:
             a_shape = self.hint(graph.specs[layout.matmul.args[0]])
             m, k = a_shape[-2], a_shape[-1]
@@ -396,21 +530,27 @@ class _Emitter:
             cube = _cube_tile(tuple(tile.tile_shape), m, n, k, itemsize)
             head.append("pypto.set_cube_tile_shapes("
                         + ", ".join(f"[{a}, {b}]" for a, b in cube) + ")")
-        sig = ",\n".join(f"    {p.ident}: pypto.Tensor({tuple(p.shape)!r}, {self.dt(p.dtype)})"
+        def annotation(p: KernelParam) -> str:
+            dims = ", ".join(str(d) for d in (p.dims or p.shape))
+            return f"({dims},)" if len(p.dims or p.shape) == 1 else f"({dims})"
+        sig = ",\n".join(f"    {p.ident}: pypto.Tensor({annotation(p)}, {self.dt(p.dtype)})"
                          for p in params)
         body = "\n".join("    " + line for line in head + self.lines)
         ops_doc = " -> ".join(op.op for op in tile.ops)
+        sizes = (f"dynamic rows R = {layout.rows_expr}, in row tiles of {vec[0]}" if dyn
+                 else "static shapes at the example sizes")
+        dyn_decl = 'R = pypto.frontend.dynamic("R")\n' if dyn else ""
         source = (
             f'"""pypto kernel for FusionTile {tile.name} (generated by pypto_inductor).\n\n'
             f"ops: {ops_doc}\n"
-            f"compute dtype: {str(self.compute).replace('torch.', '')}; static shapes at the "
-            f"example sizes\n\"\"\"\n"
+            f"compute dtype: {str(self.compute).replace('torch.', '')}; {sizes}\n\"\"\"\n"
             "import pypto\n\n"
-            f"RUN_MODE = pypto.RunMode.{run_mode}\n\n\n"
+            f"RUN_MODE = pypto.RunMode.{run_mode}\n{dyn_decl}\n\n"
             "@pypto.frontend.jit(runtime_options={\"run_mode\": RUN_MODE})\n"
             f"def {kernel_name}(\n{sig},\n):\n{body}\n"
         )
-        return PyptoKernel(kernel_name, tile.name, source, params, vec, cube)
+        return PyptoKernel(kernel_name, tile.name, source, params, vec, cube,
+                           {"R": str(layout.rows_expr)} if dyn else {})
 
     def hint(self, spec: TensorSpec) -> tuple[int, ...]:
         """A value's own shape at the example sizes."""
@@ -421,10 +561,9 @@ class _Emitter:
         return mm is not None and value in mm.args[:2]
 
     def _value_shape(self, value: str, spec: TensorSpec, is_input: bool) -> tuple[int, ...]:
-        shape = self.hint(spec)
         if self._is_matmul_operand(value) and is_input:
-            return shape
-        return self.layout.classify(shape, value)
+            return self.hint(spec)
+        return self.layout.classify(spec.shape, value)
 
 
 def _match_rms_norm(tile: FusionTile, em: "_Emitter") -> tuple[dict[str, tuple[str, float]], set]:
@@ -507,7 +646,7 @@ def _tensor_operands(em: _Emitter, op: TileOp) -> list[str]:
     result = None
     if em.layout.matmul is None and sum(isinstance(a, str) for a in op.args) > 1:
         try:
-            result = em.layout.classify(em.hint(op.out), op.name)
+            result = em.layout.classify(op.out.shape, op.name)
         except PyptoEmitError:
             result = None
     for a in op.args:
@@ -560,6 +699,79 @@ def single_op_tile(op: TileOp, graph: TileGraph, tile_shape: tuple[int, ...],
                       dtype=compute_dtype([op], graph), tile_shape=shape,
                       footprint_expr=sympy.Integer(footprint), footprint_bytes=footprint,
                       capacity_bytes=capacity, kind=op.kind)
+
+
+@dataclasses.dataclass
+class TileSplit:
+    """A FusionTile split at its ops with no pypto form.
+
+    ``steps`` run in order: ("pypto", sub-FusionTile) kernels and ("extern", TileOp)
+    ops run eagerly; ``split_ops`` are those TileOps, ``reasons`` (op name -> text) why.
+    """
+
+    tile: FusionTile
+    steps: list[tuple[str, Any]]
+    split_ops: list[TileOp]
+    reasons: dict[str, str]
+
+    @property
+    def parts(self) -> list[FusionTile]:
+        return [x for kind, x in self.steps if kind == "pypto"]
+
+
+def unsupported_ops(tile: FusionTile, graph: TileGraph) -> dict[str, str]:
+    """op name -> why, for every op of the tile that has no pypto form on its own."""
+    out = {}
+    for op in tile.ops:
+        if op.op not in _OPS:
+            out[op.name] = str(PyptoEmitError(op.op))
+            continue
+        try:
+            emit_tile(single_op_tile(op, graph, tile.tile_shape), graph)
+        except PyptoEmitError as e:
+            out[op.name] = str(e)
+    return out
+
+
+def split_tile(tile: FusionTile, graph: TileGraph) -> TileSplit | None:
+    """Split ``tile`` at its ops with no pypto form; None when every op has one.
+
+    Each remaining op gets a level: the most split ops on any path to it inside
+    the tile. Levels never decrease along a path, so the ops of one level form a
+    sub-tile no split op sits inside (no cycle through an extern op); the steps
+    run level by level: the level's pypto kernel, then the split ops it feeds.
+    A split op's level is that of its inputs; the ops after it are one higher.
+    """
+    reasons = unsupported_ops(tile, graph)
+    if not reasons:
+        return None
+    level: dict[str, int] = {}  # value produced in the tile -> level of its readers
+    op_level: dict[str, int] = {}
+    for op in tile.ops:
+        lv = max((level[a] for a in op.inputs if a in level), default=0)
+        op_level[op.name] = lv
+        level[op.name] = lv + 1 if op.name in reasons else lv
+    readers: dict[str, set[str]] = {}
+    for op in tile.ops:
+        for a in op.inputs:
+            readers.setdefault(a, set()).add(op.name)
+    steps: list[tuple[str, Any]] = []
+    for lv in range(max(op_level.values()) + 1):
+        ops = [op for op in tile.ops if op_level[op.name] == lv and op.name not in reasons]
+        if ops:
+            names = {op.name for op in ops}
+            inputs = list(dict.fromkeys(a for op in ops for a in op.inputs if a not in names))
+            outputs = [op.name for op in ops if op.name in tile.outputs
+                       or readers.get(op.name, set()) - names]
+            part = dataclasses.replace(
+                tile, name=f"{tile.name}_part{lv}", ops=ops, inputs=inputs, outputs=outputs,
+                kind=next((o.kind for o in ops if o.kind is OpKind.MATMUL),
+                          next((o.kind for o in ops if o.kind is OpKind.REDUCTION), ops[0].kind)))
+            steps.append(("pypto", part))
+        steps += [("extern", op) for op in tile.ops
+                  if op_level[op.name] == lv and op.name in reasons]
+    split = [op for op in tile.ops if op.name in reasons]
+    return TileSplit(tile, steps, split, reasons)
 
 
 def emit_op(op: TileOp, graph: TileGraph, tile_shape: tuple[int, ...] = (64, 256), hw=None,

@@ -264,7 +264,7 @@ def _layout(em: _Emitter, op: TileOp):
     if not isinstance(src, str):
         raise PyptoEmitError(op.op, "of a constant")
     try:
-        same = em.layout.classify(out_shape, op.name) == em.shape[src]
+        same = em.layout.classify(op.out.shape, op.name) == em.shape[src]
     except PyptoEmitError:
         same = False
     if op.op in ("slice", "select", "permute") and _prod(out_shape) != _prod(em.shape[src]):
@@ -292,7 +292,7 @@ def _cast(em: _Emitter, op: TileOp):
 
 @_register("full")
 def _full(em: _Emitter, op: TileOp):
-    shape = em.layout.classify(em.hint(op.out), op.name)
+    shape = em.layout.body_shape(em.layout.classify(op.out.shape, op.name))
     kdt = em.kernel_dtype(op.out)
     value = op.attrs["value"]
     value = _literal(float(value)) if kdt.is_floating_point else str(int(value))
@@ -302,8 +302,11 @@ def _full(em: _Emitter, op: TileOp):
 # reductions: always over the kernel's reduce dim, keepdim in the kernel -------------------
 def _reduce_setup(em: _Emitter, op: TileOp) -> tuple[str, int, int]:
     layout = em.layout
-    shape = em.hint(em.graph.specs[op.args[0]])
-    if layout.matmul is not None or shape != layout.domain \
+    shape = tuple(em.graph.specs[op.args[0]].shape)
+    if not layout.dynamic:
+        shape = em.hint(em.graph.specs[op.args[0]])
+    domain = layout.sym_domain if layout.dynamic else layout.domain
+    if layout.matmul is not None or shape != domain \
             or tuple(op.attrs["dims"]) != layout.reduce_axes:
         raise PyptoEmitError(op.op, f"reduction over dims {list(op.attrs['dims'])} of "
                              f"{list(shape)} differs from the tile's domain")

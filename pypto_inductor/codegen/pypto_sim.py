@@ -14,8 +14,13 @@ One worker simulates a batch of kernels (importing torch and pypto once); a
 kernel that crashes or hangs the worker is recorded and the rest of the batch
 goes on in a new worker. Results are cached by kernel source and pypto version
 under ``$PYPTO_INDUCTOR_CACHE_DIR`` (default ``~/.cache/pypto_inductor``) in
-``pypto_sim/<hash>/``, which also keeps the kernel, its program.json and the
-stat report (``pto_ir_path`` points there).
+``pypto_sim/<hash>/``, which also keeps the kernel, its program.json, the
+stat report and pypto's Perfetto trace (``pto_ir_path`` and
+``perfetto_trace_path`` point there; open the trace in https://ui.perfetto.dev).
+
+A FusionTile with ops that have no pypto form is split at them
+(:func:`.pypto_emit.split_tile`): its parts are simulated as pypto kernels, the
+split ops (extern on the NPU too) are named in ``split_ops``.
 """
 from __future__ import annotations
 
@@ -36,12 +41,12 @@ import time
 from pathlib import Path
 
 from ..ir import FusionTile, TileGraph
-from .pypto_emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile
+from .pypto_emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_tile
 
 __all__ = ["SimResult", "TileSimulation", "pypto_available", "simulate_kernels",
            "simulate_tile", "simulate_plan", "parse_total_cycles"]
 
-_WORKER_VERSION = "1"
+_WORKER_VERSION = "2"  # 2: keeps the Perfetto trace
 _TOTAL_CYCLES = re.compile(r"Total Cycles\.*:\s*(\d+)")
 DEFAULT_TIMEOUT_S = 180.0  # per kernel; one simulation takes a second or two
 
@@ -75,6 +80,7 @@ class SimResult:
     error: str | None = None
     pto_ir_path: str | None = None  # pypto's compiled program (program.json), kept in the cache
     report_path: str | None = None  # the stat report, kept in the cache
+    perfetto_trace_path: str | None = None  # pypto's Perfetto trace (ui.perfetto.dev), in the cache
     seconds: float = 0.0
     cached: bool = False
 
@@ -130,6 +136,10 @@ for item in job:
         program = os.path.join(os.path.dirname(os.path.dirname(reports[-1])), "program.json")
         if os.path.exists(program):
             out["program"] = program
+        # pypto 0.2.0 spells it "_simulate.pefetto.trace.json"; accept the fixed spelling too
+        traces = sorted(glob.glob(os.path.join(os.path.dirname(reports[-1]), "*p*fetto*.json")))
+        if traces:
+            out["trace"] = traces[-1]
     out["log"] = log_path
     results.write(json.dumps(out) + "\n")
     if "error" in out:
@@ -231,8 +241,11 @@ def _from_cache(kernel: PyptoKernel, entry: Path) -> SimResult | None:
         rec = json.loads((entry / "result.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    trace = rec.get("perfetto_trace_path")
+    if trace and not Path(trace).is_file():  # a cache entry whose trace was removed: rerun
+        return None
     return SimResult(kernel.name, rec.get("cycles"), rec.get("error"), rec.get("pto_ir_path"),
-                     rec.get("report_path"), rec.get("seconds", 0.0), cached=True)
+                     rec.get("report_path"), trace, rec.get("seconds", 0.0), cached=True)
 
 
 def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimResult:
@@ -248,6 +261,10 @@ def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimRe
         program = entry / "program.json"
         shutil.copyfile(rec["program"], program)
         result.pto_ir_path = str(program)
+    if rec.get("trace"):
+        trace = entry / "perfetto_trace.json"
+        shutil.copyfile(rec["trace"], trace)
+        result.perfetto_trace_path = str(trace)
     if rec.get("error"):
         result.error = rec["error"]
         log_tail = _tail(Path(rec["log"]), 600) if rec.get("log") else ""
@@ -372,16 +389,25 @@ class TileSimulation:
     simulated_cycles_unfused: int | None = None  # None for a one-op tile
     unfused_cycles_by_op: dict[str, int | None] = dataclasses.field(default_factory=dict)
     pto_ir_path: str | None = None
+    perfetto_trace_path: str | None = None  # the fused kernel's Perfetto trace
     simulation_error: str | None = None
+    # A tile with ops that have no pypto form is split there: those ops run as extern
+    # (eager) ops, the rest as pypto kernels (split_parts); both cycle sums leave the
+    # split ops out.
+    split_ops: list[str] = dataclasses.field(default_factory=list)
+    split_parts: list[dict] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
-            "pypto_source": self.pypto_source,
+            "pypto_source": self.pypto_source,  # a split tile: its parts' modules
             "simulated_cycles_fused": self.simulated_cycles_fused,
             "simulated_cycles_unfused": self.simulated_cycles_unfused,
             "simulated_cycles_unfused_by_op": dict(self.unfused_cycles_by_op) or None,
             "pto_ir_path": self.pto_ir_path,
+            "perfetto_trace_path": self.perfetto_trace_path,
             "simulation_error": self.simulation_error,
+            "split_ops": list(self.split_ops),
+            "split_parts": [dict(p) for p in self.split_parts] or None,
         }
 
 
@@ -396,47 +422,104 @@ def _emit_all(tile: FusionTile, graph: TileGraph, hw, buffering: int):
     except Exception as e:  # noqa: BLE001
         fused = None
         errors.append(f"emit failed: {type(e).__name__}: {e}")
+    return fused, _emit_singles(tile, graph, hw, buffering, set(), errors), errors
+
+
+def _emit_singles(tile: FusionTile, graph: TileGraph, hw, buffering: int, skip: set,
+                  errors: list[str]) -> list:
+    """[(op name, one-op kernel or None)] for a multi-op tile's unfused variant."""
     singles = []
     if len(tile.ops) > 1:
         for op in tile.ops:
+            if op.name in skip:
+                continue
             try:
                 singles.append((op.name, emit_tile(single_op_tile(op, graph, tile.tile_shape, hw,
                                                                   buffering), graph, "SIM")))
             except Exception as e:  # noqa: BLE001
                 singles.append((op.name, None))
                 errors.append(f"unfused {op.name} ({op.op}): {e}")
-    return fused, singles, errors
+    return singles
+
+
+def _emit_split(tile: FusionTile, graph: TileGraph, hw, buffering: int):
+    """Like :func:`_emit_all`, splitting a tile at ops with no pypto form.
+
+    (fused kernels [(part, kernel)], the split (or None), [(op name, kernel or None)],
+    errors): one fused kernel, or one per part of a split tile; the unfused kernels
+    leave out the split ops (extern in both variants).
+    """
+    errors: list[str] = []
+    split = None
+    fused: list[tuple[FusionTile, PyptoKernel]] = []
+    try:
+        fused.append((tile, emit_tile(tile, graph, run_mode="SIM")))
+    except PyptoEmitError as e:
+        try:
+            split = split_tile(tile, graph)
+        except Exception as e2:  # noqa: BLE001
+            errors.append(f"split failed: {type(e2).__name__}: {e2}")
+        if split is None or not split.parts:
+            errors.append(f"split: {e}" + ("; no op left for a pypto kernel" if split else ""))
+        else:
+            for part in split.parts:
+                try:
+                    fused.append((part, emit_tile(part, graph, run_mode="SIM")))
+                except Exception as e3:  # noqa: BLE001
+                    errors.append(f"split part {part.name} ({' '.join(part.op_names)}): {e3}")
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"emit failed: {type(e).__name__}: {e}")
+    extern = {op.name for op in split.split_ops} if split else set()
+    return fused, split, _emit_singles(tile, graph, hw, buffering, extern, errors), errors
 
 
 def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering: int = 2,
                    timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, TileSimulation]:
-    """Simulate every tile fused, and each of its ops as its own kernel; one worker batch."""
+    """Simulate every tile fused, and each of its ops as its own kernel; one worker batch.
+
+    A tile with ops that have no pypto form is split there (:func:`split_tile`): its
+    parts are simulated as pypto kernels and the split ops named in ``split_ops``.
+    """
     plans = []
     kernels: list[PyptoKernel] = []
     for tile in tiles:
         try:
-            fused, singles, errors = _emit_all(tile, graph, hw, buffering)
+            fused, split, singles, errors = _emit_split(tile, graph, hw, buffering)
         except Exception as e:  # noqa: BLE001
-            fused, singles, errors = None, [], [f"{type(e).__name__}: {e}"]
+            fused, split, singles, errors = [], None, [], [f"{type(e).__name__}: {e}"]
         slots = {}
-        if fused is not None:
-            slots["fused"] = len(kernels)
-            kernels.append(fused)
+        for part, k in fused:
+            slots[("fused", part.name)] = len(kernels)
+            kernels.append(k)
         for name, k in singles:
             if k is not None:
                 slots[name] = len(kernels)
                 kernels.append(k)
-        plans.append((tile, fused, singles, errors, slots))
+        plans.append((tile, fused, split, singles, errors, slots))
     results = simulate_kernels(kernels, timeout=timeout)
     out: dict[str, TileSimulation] = {}
-    for tile, fused, singles, errors, slots in plans:
-        sim = TileSimulation(tile.name, pypto_source=fused.source if fused else None)
+    for tile, fused, split, singles, errors, slots in plans:
+        sim = TileSimulation(tile.name)
         errors = list(errors)
-        if "fused" in slots:
-            r = results[slots["fused"]]
-            sim.simulated_cycles_fused, sim.pto_ir_path = r.cycles, r.pto_ir_path
-            if r.error:
-                errors.append(f"fused kernel: {r.error}")
+        if split is not None:
+            sim.split_ops = [op.op for op in split.split_ops]
+        if fused:
+            sim.pypto_source = "\n\n".join(k.source for _, k in fused)
+            total: int | None = 0
+            for part, k in fused:
+                r = results[slots[("fused", part.name)]]
+                if sim.pto_ir_path is None:  # a split tile: its first part's
+                    sim.pto_ir_path, sim.perfetto_trace_path = r.pto_ir_path, r.perfetto_trace_path
+                if split is not None:
+                    sim.split_parts.append({
+                        "name": part.name, "ops": [op.name for op in part.ops],
+                        "simulated_cycles": r.cycles, "pto_ir_path": r.pto_ir_path,
+                        "perfetto_trace_path": r.perfetto_trace_path})
+                if r.error:
+                    errors.append(f"{'fused kernel' if split is None else part.name}: {r.error}")
+                total = None if (total is None or r.cycles is None) else total + r.cycles
+            if split is None or len(fused) == len(split.parts):
+                sim.simulated_cycles_fused = total
         if singles:
             total = 0
             for name, _k in singles:

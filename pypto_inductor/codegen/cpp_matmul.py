@@ -1,0 +1,202 @@
+"""Matmul FusionTiles on the native CPU target: torch's BLAS + one native epilogue pass.
+
+The GEMM runs through ``torch.matmul`` (BLAS, whatever the batch/broadcast
+form); the elementwise epilogue the planner fused with it (bias, activation,
+residual, cast, scale, ...) becomes one C++ pointwise kernel built with the
+ordinary pointwise machinery (:func:`cpp.analyse`), with the matmul result as
+its first input. A one-op matmul tile just calls ``torch.matmul``.
+
+Reshapes (``view``) inside the epilogue are resolved before analysis: every
+epilogue op has the matmul's element count (planner legality), so all of them
+are rewritten onto one domain ``T`` (the last op's shape). Contiguous values
+(the matmul result, tile inputs of an op's full shape) are reshaped to ``T`` in
+the wrapper; broadcast inputs keep the trailing dims the op's shape shares with
+``T``. Anything else raises :class:`cpp.NotNative` and the tile runs the
+reference executor.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+
+from ..ir import FusionTile, OpKind, TensorSpec, TileGraph
+from .sizes import size_function
+
+MM = "pi_mm"  # the epilogue program's name for the matmul result
+
+
+def _contiguous(shape) -> tuple:
+    stride, acc = [], sympy.Integer(1)
+    for s in reversed(shape):
+        stride.append(acc)
+        acc = acc * s
+    return tuple(reversed(stride))
+
+
+def _numel(shape):
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def _same(a, b) -> bool:
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def _plan(tile: FusionTile, graph: TileGraph):
+    """(matmul op, epilogue FusionTile or None, its graph, input sources, output getters)."""
+    from .cpp import NotNative
+
+    mm, epi = tile.ops[0], tile.ops[1:]
+    if mm.kind is not OpKind.MATMUL or mm.op != "matmul":
+        raise NotNative("a matmul tile must start with its matmul")
+    if any(op.kind is OpKind.MATMUL for op in epi):
+        raise NotNative("two matmuls in one tile")
+    if not all(isinstance(a, str) and a in tile.inputs for a in mm.args) or len(mm.args) != 2:
+        raise NotNative("a matmul operand is computed inside the tile")
+    if mm.attrs:
+        raise NotNative(f"matmul attributes {sorted(mm.attrs)} are not native")
+    compute = [op for op in epi if op.op != "view"]
+    T = tuple(compute[-1].out.shape) if compute else tuple(mm.out.shape)
+    if not _same(_numel(T), mm.out.numel):
+        raise NotNative("the epilogue does not have the matmul's size")
+    specs = dict(graph.specs)
+    specs[MM] = TensorSpec(T, _contiguous(T), mm.out.dtype)
+    sources: dict[str, tuple] = {MM: ("mm", T)}  # epilogue input -> (source, shape)
+    env: dict[str, str] = {mm.name: MM}  # tile value -> epilogue value (in domain T)
+    new_ops = []
+
+    def full_input(a):
+        name = f"{a}@full"
+        if name not in sources:
+            sources[name] = (a, T)
+            specs[name] = TensorSpec(T, _contiguous(T), graph.specs[a].dtype)
+        return name
+
+    for op in epi:
+        S = tuple(op.out.shape)
+        if op.op == "view":
+            src = op.args[0]
+            if not _same(op.out.numel, mm.out.numel):
+                raise NotNative("a reshape in the epilogue changes its size")
+            env[op.name] = env[src] if src in env else full_input(src)
+            continue
+        if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):
+            raise NotNative(f"epilogue op {op.op} ({op.kind.value}) is not elementwise")
+        if not _same(op.out.numel, mm.out.numel):
+            raise NotNative("an epilogue op does not have the matmul's size")
+        same = _same_shape(S, T)
+        k = 0  # trailing dims S shares with T
+        while k < min(len(S), len(T)) and _same(S[len(S) - 1 - k], T[len(T) - 1 - k]):
+            k += 1
+        args = []
+        for a in op.args:
+            if not isinstance(a, str):
+                args.append(a)
+            elif a in env:
+                args.append(env[a])
+            elif same:
+                args.append(a)
+            else:
+                P = tuple(graph.specs[a].shape)
+                if len(P) > len(S):
+                    raise NotNative(f"input {a} has more dims than its use")
+                Pa = (1,) * (len(S) - len(P)) + P
+                if _same_shape(Pa, S):
+                    args.append(full_input(a))
+                    continue
+                lead = Pa[:len(S) - k]
+                if not all(_same(x, 1) for x in lead):
+                    raise NotNative(f"input {a} broadcasts across a reshape of the epilogue")
+                trail = Pa[len(S) - k:]
+                name = f"{a}@{len(trail)}"
+                if name not in sources:
+                    sources[name] = (a, trail)
+                    specs[name] = TensorSpec(trail, _contiguous(trail), graph.specs[a].dtype)
+                args.append(name)
+        out = op.out if same else TensorSpec(T, _contiguous(T), op.out.dtype)
+        new_ops.append(dataclasses.replace(op, args=tuple(args), out=out))
+        specs[op.name] = out
+        env[op.name] = op.name
+    produced = {op.name for op in new_ops}
+    outputs, getters = [], []
+    for o in tile.outputs:
+        if o == mm.name:
+            getters.append(("mm", None, None))
+            continue
+        v = env.get(o)
+        if v == MM:
+            getters.append(("mm", None, tuple(graph.specs[o].shape)))
+        elif v in produced:
+            if v not in outputs:
+                outputs.append(v)
+            getters.append(("epi", outputs.index(v), tuple(graph.specs[o].shape)))
+        else:
+            raise NotNative(f"tile output {o} is not computed by the epilogue")
+    if not new_ops:
+        return mm, None, None, [], getters
+    used = []
+    for op in new_ops:
+        for a in op.args:
+            if isinstance(a, str) and a not in produced and a not in used:
+                used.append(a)
+    for a in used:
+        sources.setdefault(a, (a, None))
+    sub = FusionTile(f"{tile.name}_epilogue", new_ops, used, outputs, tile.dtype,
+                     tile.tile_shape, tile.footprint_expr, tile.footprint_bytes,
+                     tile.capacity_bytes, OpKind.ELEMENTWISE)
+    sub_graph = dataclasses.replace(graph, specs=specs)
+    return mm, sub, sub_graph, [(a, sources[a]) for a in used], getters
+
+
+def build(tile: FusionTile, graph: TileGraph, native_builder):
+    """kernel(inputs, syms) -> outputs; ``native_builder(sub_tile, sub_graph)`` builds the
+    epilogue's native kernel (raising cpp.NotNative when it is outside the slice)."""
+    mm, sub, sub_graph, srcs, getters = _plan(tile, graph)
+    symbols = graph.symbols
+    slot = {name: i for i, name in enumerate(tile.inputs)}
+    ia, ib = slot[mm.args[0]], slot[mm.args[1]]
+    matmul = torch.matmul
+    shape_fns = {}
+
+    def shape_fn(shape):
+        key = tuple(map(str, shape))
+        if key not in shape_fns:
+            shape_fns[key] = size_function(tuple(shape), symbols)
+        return shape_fns[key]
+
+    outs_spec = [(kind, idx, None if shape is None else shape_fn(shape))
+                 for kind, idx, shape in getters]
+    if sub is None:
+        def kernel(inputs: list, syms: tuple) -> list:
+            r = matmul(inputs[ia], inputs[ib])
+            return [r if f is None else r.reshape(f(syms)) for _, _, f in outs_spec]
+
+        kernel.native, kernel.reason, kernel.program = True, None, None
+        return kernel
+    epi = native_builder(sub, sub_graph)
+    feeds = []  # (slot or -1 for the matmul result, reshape fn or None)
+    for _, (src, shape) in srcs:
+        feeds.append((-1 if src == "mm" else slot[src],
+                      None if shape is None else shape_fn(shape)))
+
+    def kernel(inputs: list, syms: tuple) -> list:
+        r = matmul(inputs[ia], inputs[ib])
+        vals = []
+        for i, f in feeds:
+            t = r if i < 0 else inputs[i]
+            vals.append(t if f is None else t.reshape(f(syms)))
+        res = epi(vals, syms)
+        out = []
+        for kind, idx, f in outs_spec:
+            t = r if kind == "mm" else res[idx]
+            out.append(t if f is None else t.reshape(f(syms)))
+        return out
+
+    kernel.native, kernel.reason = True, None
+    kernel.program = getattr(epi, "program", None)
+    return kernel
