@@ -38,9 +38,9 @@ def disabled() -> bool:
 
 
 def cache_file() -> Path:
-    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pypto_inductor")
-    return Path(root) / "host_calibration.json"
+    from .config import cache_dir
+
+    return cache_dir("host_calibration.json")
 
 
 def _cores() -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -16,6 +17,13 @@ TARGETS = ("cpu", "npu", "reference")
 HARDWARE = ("ascend-a2", "host")
 DTYPE_POLICIES = ("upcast", "strict")
 FALLBACK_MODES = ("eager", "error")
+
+
+def cache_dir(*parts: str) -> Path:
+    """The on-disk cache (kernels, simulations, calibration): ``$PYPTO_INDUCTOR_CACHE_DIR``,
+    default ``~/.cache/pypto_inductor``; ``parts`` name a subfolder."""
+    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
+    return Path(root, *parts)
 
 
 class ConfigError(ValueError):

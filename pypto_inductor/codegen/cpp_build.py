@@ -22,6 +22,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from .. import config
+
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
               "-fno-trapping-math", "-w")
 NATIVE_FLAGS = ("-march=native",)
@@ -43,9 +45,7 @@ class CompileError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pypto_inductor")
-    path = Path(root) / "cpp"
+    path = config.cache_dir("cpp")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -53,6 +53,7 @@ def check_available() -> None:
 
 def kernel_dir() -> Path:
     """Where generated kernel modules live (pypto re-reads their source)."""
+    # Not config.cache_dir: the simulator worker loads this file alone, outside the package.
     root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
     return Path(root) / "kernels"
 

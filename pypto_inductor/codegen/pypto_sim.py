@@ -40,6 +40,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..config import cache_dir
 from ..ir import FusionTile, TileGraph
 from .pypto_emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_tile
 
@@ -63,8 +64,7 @@ def _pypto_version() -> str:
 
 
 def cache_root() -> Path:
-    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
-    return Path(root) / "pypto_sim"
+    return cache_dir("pypto_sim")
 
 
 def parse_total_cycles(text: str) -> int | None:
