@@ -215,15 +215,7 @@ def simulate_many(jobs):
             sim.simulated_cycles_fused = r.cycles
             if r.error:
                 errors.append(f"fused kernel: {r.error}")
-        if singles:
-            total = 0
-            for name, _ in singles:
-                r = results[slots[name]] if name in slots else None
-                sim.unfused_cycles_by_op[name] = r.cycles if r else None
-                if r is not None and r.error:
-                    errors.append(f"unfused {name}: {r.error}")
-                total = None if (total is None or r is None or r.cycles is None) else total + r.cycles
-            sim.simulated_cycles_unfused = total
+        pypto_sim.record_unfused(sim, singles, slots, results, errors)
         sim.simulation_error = "\n".join(errors) if errors else None
         out[key] = sim
     return out

@@ -520,19 +520,26 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
                 total = None if (total is None or r.cycles is None) else total + r.cycles
             if split is None or len(fused) == len(split.parts):
                 sim.simulated_cycles_fused = total
-        if singles:
-            total = 0
-            for name, _k in singles:
-                r = results[slots[name]] if name in slots else None
-                sim.unfused_cycles_by_op[name] = r.cycles if r else None
-                if r is not None and r.error:
-                    errors.append(f"unfused {name}: {r.error}")
-                total = None if (total is None or r is None or r.cycles is None) \
-                    else total + r.cycles
-            sim.simulated_cycles_unfused = total
+        record_unfused(sim, singles, slots, results, errors)
         sim.simulation_error = "\n".join(errors) if errors else None
         out[tile.name] = sim
     return out
+
+
+def record_unfused(sim: "TileSimulation", singles: list, slots: dict, results: list,
+                   errors: list[str]) -> None:
+    """Fill a tile's per-op and total unfused cycles from its one-op kernels' results
+    (None in the total when any one-op kernel has no cycles)."""
+    if not singles:
+        return
+    total = 0
+    for name, _kernel in singles:
+        r = results[slots[name]] if name in slots else None
+        sim.unfused_cycles_by_op[name] = r.cycles if r else None
+        if r is not None and r.error:
+            errors.append(f"unfused {name}: {r.error}")
+        total = None if (total is None or r is None or r.cycles is None) else total + r.cycles
+    sim.simulated_cycles_unfused = total
 
 
 def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 2,
