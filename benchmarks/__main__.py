@@ -134,6 +134,29 @@ def _first_call_s(make, inputs, cache_env: str, cache_dir: str):
         return compiled, time.perf_counter() - start
 
 
+MIN_TILE_BYTES = 1 << 20  # smaller tiles are call-overhead bound whatever the roofline says
+
+
+def _memory_bound_tiles(name, fn, inputs, target: str, repeats: int) -> list[dict]:
+    """Every FusionTile the roofline calls memory-bound, timed by the runtime's profiler
+    (median over ``repeats`` calls, output allocation included) as the report gives it."""
+    from pypto_inductor.report import collect
+
+    torch._dynamo.reset()
+    with collect() as graphs:
+        f = torch.compile(fn, backend="pypto", options={"target": target, "profile": True})
+        f(*inputs)
+    for _ in range(repeats):
+        f(*inputs)
+    rows = []
+    for g in graphs:
+        for t in g.to_dict()["fusion_tiles"]:
+            if t["bound"] == "memory" and t["gm_bytes"] >= MIN_TILE_BYTES and "measured_us" in t:
+                rows.append({"case": name, **t})
+    torch._dynamo.reset()
+    return rows
+
+
 def machine() -> str:
     return f"{calibrate.cpu_model()}, {os.cpu_count()} cores"
 
@@ -160,7 +183,7 @@ def main(argv=None) -> int:
             "pypto GB/s", "inductor GB/s", "pypto % copy", "ind cold s", "ind warm s",
             "pypto cold s", "pypto warm s"]
     print(" | ".join(cols))
-    rows, ratios = [], []
+    rows, ratios, tile_rows = [], [], []
     only = {c for c in args.only.split(",") if c}
     tmp_root = tempfile.mkdtemp(prefix="pypto_bench_")
     try:
@@ -192,6 +215,8 @@ def main(argv=None) -> int:
                 _clear_in_process_caches()
                 for label, (make, env, d) in makers.items():
                     _, compile_s[label, "warm"] = _first_call_s(make, inputs, env, d)
+                with _env("PYPTO_INDUCTOR_CACHE_DIR", pi_dir):
+                    tile_rows += _memory_bound_tiles(name, fn, inputs, args.target, args.repeats)
                 _clear_in_process_caches()
             med = {label: statistics.median(t) for label, t in times.items()}
             ind = med.get("inductor", float("nan"))
@@ -213,6 +238,14 @@ def main(argv=None) -> int:
     geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else float("nan")
     print(f"# geometric mean speedup of pypto over Inductor (inductor us / pypto us): {geo:.2f}"
           f" over {len(ratios)} cases")
+    tile_cols = ["case", "FusionTile ops", "GM MB", "measured us", "GB/s", "% copy"]
+    tile_table = [[r["case"], " ".join(r["op_kinds"]), f"{r['gm_bytes'] / 1e6:.1f}",
+                   f"{r['measured_us']:.1f}", f"{r['measured_GBps']:.1f}",
+                   f"{100 * r['measured_GBps'] * 1e9 / copy_bw:.0f}%"] for r in tile_rows]
+    print("# memory-bound FusionTiles (roofline), profiled in the runtime")
+    print(" | ".join(tile_cols))
+    for r in tile_table:
+        print(" | ".join(r))
     if args.markdown:
         command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
         lines = [
@@ -237,6 +270,16 @@ def main(argv=None) -> int:
             *("| " + " | ".join(r) + " |" for r in rows), "",
             f"Geometric mean speedup of pypto over Inductor (Inductor time / pypto time): "
             f"**{geo:.2f}** over {len(ratios)} cases.", "",
+            "## Memory-bound FusionTiles", "",
+            "Every FusionTile of the cases whose roofline time is set by memory traffic "
+            f"(report field `bound`, GM traffic >= {MIN_TILE_BYTES >> 20} MiB), timed by the "
+            "runtime's profiler (`options={\"profile\": True}`, median over the repeats, "
+            "output allocation included). GB/s is the tile's GM bytes (inputs read once, "
+            "outputs written once) over its time; `% copy` is against the copy bandwidth "
+            "above.", "",
+            "| " + " | ".join(tile_cols) + " |",
+            "|" + "---|" * len(tile_cols),
+            *("| " + " | ".join(r) + " |" for r in tile_table), "",
         ]
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))

@@ -232,7 +232,6 @@ def collect(names=None, log=print) -> tuple[list[dict], list[dict], list[dict]]:
     cands = _candidates()
     names = names or list(cands)
     jobs, points, defaults, splits = [], [], [], []
-    hw = ascend_a2()
     for name in names:
         category, fn, inputs = cands[name]
         with torch.no_grad():
@@ -526,12 +525,11 @@ def zoo_coverage(log=print) -> dict:
                 counts["tiles"] += 1
                 err = t["simulation_error"] or ""
                 split_ops = t.get("split_ops") or []
-                if split_ops:  # split at ops with no pypto form; the parts simulate
-                    counts["split"] += 1
+                if split_ops and t["simulated_cycles_fused"] is not None and not err:
+                    counts["split"] += 1  # split at ops with no pypto form; every part simulated
                     for op in split_ops:
                         out["split_ops"][op] = out["split_ops"].get(op, 0) + 1
-                    parts = "parts simulated" if t["simulated_cycles_fused"] is not None else err[:120]
-                    out["splits"].append((name, t["name"], ", ".join(split_ops), parts))
+                    out["splits"].append((name, t["name"], ", ".join(split_ops), "parts simulated"))
                 elif t["simulated_cycles_fused"] is not None and not err:
                     counts["simulated"] += 1
                     if len(t["ops"]) > 1:

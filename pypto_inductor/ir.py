@@ -199,6 +199,7 @@ class FusionTile:
     kind: OpKind
     predicted_us: float = 0.0
     gm_bytes: int = 0
+    bound: str = "launch"  # the roofline's largest term: "memory", "compute" or "launch"
 
     @property
     def op_names(self) -> list[str]:

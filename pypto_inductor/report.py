@@ -6,6 +6,7 @@ returns one; with ``options={"report_path": p}`` torch.compile writes it too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import json
 from pathlib import Path
@@ -62,6 +63,7 @@ class GraphReport:
                 # False only when even the smallest tile overflows (e.g. one reduction row)
                 "fits": int(tile.footprint_bytes) <= int(tile.capacity_bytes),
                 "gm_bytes": int(tile.gm_bytes),
+                "bound": tile.bound,
                 "predicted_us": round(tile.predicted_us, 3),
                 "kernel_fallback": fallbacks.get(tile.name),
                 "native": self.compiled.kernel_native.get(tile.name) if self.compiled else None,
@@ -75,6 +77,8 @@ class GraphReport:
                     "split_ops": []})
             if tile.name in measured:
                 entry["measured_us"] = round(measured[tile.name], 3)
+                entry["measured_GBps"] = round(tile.gm_bytes / max(measured[tile.name], 1e-3) / 1e3,
+                                               2)
             tiles.append(entry)
         return {
             "name": self.name,
@@ -100,6 +104,8 @@ class FusionReport:
         self.graphs = list(graphs or [])
         self.target = target
         self.hardware = hardware
+        # sum of measured_us of the same model compiled with fusion=False (profile only)
+        self.measured_us_unfused: float | None = None
 
     def to_dict(self) -> dict:
         graphs = [g.to_dict() for g in self.graphs]
@@ -115,9 +121,12 @@ class FusionReport:
             "fallback_op_count": sum(sum(g["fallback_ops"].values()) for g in graphs),
             "eager_graphs": sum(1 for g in graphs if g.get("eager_reason")),
         }
-        measured = [t.get("measured_us") for g in graphs for t in g["fusion_tiles"]]
-        if measured and all(m is not None for m in measured):
-            summary["measured_us_fused"] = round(sum(measured), 3)
+        measured = _measured_total(graphs)
+        if measured is not None:
+            summary["measured_us_fused"] = measured
+            if self.measured_us_unfused:
+                summary["measured_us_unfused"] = self.measured_us_unfused
+                summary["measured_speedup"] = round(self.measured_us_unfused / measured, 3)
         if any(g.simulation is not None for g in self.graphs):
             summary.update(_simulated_summary(graphs))
         return {
@@ -256,28 +265,26 @@ def collect():
 
 
 def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
-           backward: bool = False, dynamic: bool | None = None) -> FusionReport:
+           backward: bool = False, dynamic: bool | None = None,
+           repeats: int = 10) -> FusionReport:
     """Compile ``model_or_fn`` through the pypto backend and return its FusionReport.
 
     With ``backward=True`` the backward graph is compiled too (gradients of the
-    outputs' sum are computed with torch.autograd.grad and not accumulated).
+    outputs' sum are computed with torch.autograd.grad and not accumulated). With
+    ``options={"profile": True}`` the model runs ``repeats`` times so each
+    ``measured_us`` is a median, and the same model compiled with ``fusion=False``
+    (one kernel per op) is timed alike for the summary's ``measured_speedup``.
     """
-    from .backend import pypto_backend
     from .hardware import get_hardware
 
     config = parse_options(options)
-    torch._dynamo.reset()  # a report always reflects a fresh compile with these options
-    compiled = torch.compile(model_or_fn, dynamic=dynamic,
-                             backend=lambda gm, ex: pypto_backend(gm, ex, options=config))
-    with collect() as graphs:
-        out = compiled(*example_inputs)
-        if backward:
-            outs = [o for o in torch.utils._pytree.tree_leaves(out)
-                    if isinstance(o, torch.Tensor) and o.requires_grad]
-            params = [p for p in _parameters(model_or_fn) if p.requires_grad]
-            params += [x for x in example_inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-            if outs and params:
-                torch.autograd.grad(sum(o.float().sum() for o in outs), params, allow_unused=True)
+    calls = max(repeats, 1) if config.profile else 1
+    graphs = _compile_and_run(model_or_fn, example_inputs, config, backward, dynamic, calls)
+    unfused = None
+    if config.profile and config.fusion:
+        unfused = _compile_and_run(model_or_fn, example_inputs,
+                                   dataclasses.replace(config, fusion=False, simulate=False),
+                                   backward, dynamic, calls)
     hw = get_hardware(config.hardware_name, config.capacity_bytes)
     if config.simulate:
         from .codegen.pypto_sim import simulate_plan
@@ -286,7 +293,40 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
             if graph_report.plan is not None:
                 graph_report.simulation = simulate_plan(graph_report.plan,
                                                         buffering=config.buffering)
-    return FusionReport(graphs, target=config.target, hardware=hw)
+    rep = FusionReport(graphs, target=config.target, hardware=hw)
+    if unfused is not None:
+        rep.measured_us_unfused = _measured_total([g.to_dict() for g in unfused])
+    return rep
+
+
+def _compile_and_run(model_or_fn, example_inputs, config, backward, dynamic,
+                     calls: int) -> list[GraphReport]:
+    from .backend import pypto_backend
+
+    torch._dynamo.reset()  # a report always reflects a fresh compile with these options
+    compiled = torch.compile(model_or_fn, dynamic=dynamic,
+                             backend=lambda gm, ex: pypto_backend(gm, ex, options=config))
+    params = [p for p in _parameters(model_or_fn) if p.requires_grad]
+    params += [x for x in example_inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    with collect() as graphs:
+        for _ in range(calls):
+            out = compiled(*example_inputs)
+            if backward:
+                outs = [o for o in torch.utils._pytree.tree_leaves(out)
+                        if isinstance(o, torch.Tensor) and o.requires_grad]
+                if outs and params:
+                    torch.autograd.grad(sum(o.float().sum() for o in outs), params,
+                                        allow_unused=True)
+    torch._dynamo.reset()
+    return graphs
+
+
+def _measured_total(graphs: list[dict]) -> float | None:
+    """Sum of every FusionTile's measured_us, or None when one was not timed."""
+    measured = [t.get("measured_us") for g in graphs for t in g["fusion_tiles"]]
+    if not measured or any(m is None for m in measured):
+        return None
+    return round(sum(measured), 3)
 
 
 def _simulated_summary(graphs: list[dict]) -> dict:

@@ -13,7 +13,6 @@ import time
 import warnings
 from typing import Any, Callable
 
-import torch
 from torch.utils._pytree import tree_map
 
 from .codegen import reference
@@ -53,6 +52,7 @@ class CompiledGraph:
         # tile name -> {"native": bool, "reason": why not} for targets that say
         self.kernel_native: dict[str, dict] = {}
         self.timings: dict[str, list[float]] = {}
+        self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
         self.program = [self._compile_step(step, target) for step in plan.steps]
         self._free_after = self._liveness()
         self._outputs = [self._output_getter(o) for o in graph.outputs]
@@ -85,8 +85,19 @@ class CompiledGraph:
 
     def _build_kernel(self, tile: FusionTile, target) -> Callable:
         graph = self.plan.graph
+        if self._built is None:  # the first tile: build all of them at once if the target can
+            self._built = {}
+            if hasattr(target, "build_many"):
+                tiles = [s for s in self.plan.steps if isinstance(s, FusionTile)]
+                try:
+                    self._built = dict(zip([t.name for t in tiles],
+                                           target.build_many(tiles, graph)))
+                except Exception:  # noqa: BLE001 - build them one by one below
+                    pass
         try:
-            kernel = target.build(tile, graph)
+            kernel = self._built.pop(tile.name, None) or target.build(tile, graph)
+            if isinstance(kernel, Exception):
+                raise kernel
             if hasattr(kernel, "native"):
                 self.kernel_native[tile.name] = {"native": kernel.native, "reason": kernel.reason}
             return kernel

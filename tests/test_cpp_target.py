@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import pypto_inductor
 from pypto_inductor.codegen import cpp, cpp_build
+from pypto_inductor.codegen.sizes import is_symbolic
 
 OPTS = {"target": "cpu"}
 
@@ -35,14 +36,20 @@ def _cache(tmp_path_factory, monkeypatch):
 def built(monkeypatch):
     """A list receiving every (tile, kernel) the cpp target builds."""
     kernels = []
-    real = cpp.build
+    real, real_many = cpp.build, cpp.build_many
 
     def spy(tile, graph):
         k = real(tile, graph)
         kernels.append((tile, k))
         return k
 
+    def spy_many(tiles, graph):
+        ks = real_many(tiles, graph)
+        kernels.extend((t, k) for t, k in zip(tiles, ks) if not isinstance(k, Exception))
+        return ks
+
     monkeypatch.setattr(cpp, "build", spy)
+    monkeypatch.setattr(cpp, "build_many", spy_many)
     return kernels
 
 
@@ -208,18 +215,179 @@ def test_softmax_with_scale_and_mask(built):
 def test_non_native_tile_runs_reference_without_warning(built):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check(lambda x: x.argmax(-1), rand(16, 32), built=built, native=False)
+        check(lambda x: x.sum(0), rand(16, 32), built=built, native=False)
     assert built and not any(k.native for _, k in built)
     assert all(k.reason for _, k in built)
 
 
 def test_report_shows_native(built):
-    rep = pypto_inductor.report(lambda x, w: ((torch.softmax(x, -1) @ w).relu(), x.argmax(-1)),
+    rep = pypto_inductor.report(lambda x, w: ((torch.softmax(x, -1) @ w).relu(), x.sum(0)),
                                 rand(8, 16), rand(16, 4), options=OPTS)
     tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
     natives = {t["name"]: t["native"] for t in tiles}
     assert any(v["native"] for v in natives.values()), natives
     assert any(v["native"] is False and v["reason"] for v in natives.values()), natives
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_argmax_argmin_last_dim(dtype, built):
+    """First index of the extreme (ties and NaN as eager), with max(dim) and the flat form."""
+    x = rand(24, 40, dtype=dtype)
+    x[3, 7] = x[3, 20] = 50.0  # a tie: the first wins
+    x[5, 11] = float("nan")  # NaN is the maximum and the minimum
+    x[6, 2] = x[6, 30] = -50.0
+
+    def fn(x):
+        v, i = (x * 2.0).max(-1)
+        return x.argmax(-1), x.argmin(-1, keepdim=True), v, i, x.argmax(), \
+            torch.softmax(x, -1).argmin(-1)
+    check(fn, x, built=built)
+
+
+# --- reshapes (view) inside pointwise and row-reduction tiles -------------------------------
+def _view_tiles(built):
+    tiles = [(t, k) for t, k in built if any(op.op == "view" for op in t.ops)]
+    assert tiles, [t.name for t, _ in built]
+    return tiles
+
+
+VIEW_DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", VIEW_DTYPES, ids=str)
+def test_view_in_pointwise_tile(dtype, built, tol):
+    """`add view gelu` (a linear's bias add, reshaped to [B, S, H]), with broadcast
+    operands read before the view ([H], [B*S, 1]) and after it ([S, H], [B, 1, 1])."""
+    def fn(y, bias, rowscale, pos, gate):
+        h = (y + bias) * rowscale
+        return F.gelu(h.view(4, 8, 64)) * pos + gate
+    check(fn, rand(32, 64, dtype=dtype), rand(64, dtype=dtype), rand(32, 1, dtype=dtype),
+          rand(8, 64, dtype=dtype), rand(4, 1, 1, dtype=dtype), built=built, **tol(dtype))
+    assert all(k.native for _, k in _view_tiles(built))
+
+
+@pytest.mark.parametrize("dtype", VIEW_DTYPES, ids=str)
+def test_view_residual_layer_norm(dtype, built, tol):
+    """`add view add var mean rsqrt sub mul mul add`: residual + LayerNorm across a view;
+    the residual is broadcast over the batch after the view."""
+    ln = torch.nn.LayerNorm(64).to(dtype)
+
+    def fn(y, bias, res):
+        z = (y + bias).view(4, 8, 64) + res
+        return ln(z), z
+    check(fn, rand(32, 64, dtype=dtype), rand(64, dtype=dtype), rand(8, 64, dtype=dtype),
+          built=built, **tol(dtype))
+    tiles = _view_tiles(built)
+    assert all(k.native for _, k in tiles)
+    assert any(t.kind.value == "reduction" for t, _ in tiles)
+
+
+@pytest.mark.parametrize("dtype", VIEW_DTYPES, ids=str)
+def test_view_of_row_values_and_into_reduction(dtype, built, tol):
+    """Per-row values reshaped ([B*S, 1] -> [B, S, 1]) and a reduction reading a reshaped
+    value; the reduced input is also read transposed (a strided column)."""
+    def fn(x, xt, w):
+        mu = (x * 2.0).mean(-1, keepdim=True).view(4, 8, 1)
+        z = (x + xt.t()).view(4, 8, 64) - mu
+        return torch.softmax(z * w, -1), z.amax(-1)
+    x = rand(32, 64, dtype=dtype)
+    check(fn, x, rand(64, 32, dtype=dtype), rand(8, 1, dtype=dtype), built=built,
+          **tol(dtype))
+    assert all(k.native for _, k in _view_tiles(built))
+
+
+def test_view_adding_unit_dims_to_a_broadcast_input(built):
+    def fn(y, b):
+        return torch.tanh(y * 3.0).view(4, 8, 64) * b.view(1, 1, 64) + b.view(64)
+    check(fn, rand(32, 64), rand(1, 64), built=built)
+
+
+def test_views_of_tile_inputs_against_reference():
+    """Views whose source is a tile input (the planner keeps those outside kernels today):
+    a full-size input read in its own shape, strided; a broadcast input through 1s."""
+    import sympy
+
+    from pypto_inductor.codegen import reference
+    from pypto_inductor.ir import FusionTile, OpKind, TensorSpec, TileGraph, TileOp
+
+    def spec(shape, stride=None, dtype=torch.float32):
+        if stride is None:
+            stride = torch.empty(shape, device="meta").stride()
+        return TensorSpec(tuple(sympy.Integer(s) for s in shape),
+                          tuple(sympy.Integer(s) for s in stride), dtype)
+
+    specs = {"x": spec((32, 64), (1, 32)), "b": spec((1, 64)), "r": spec((4, 8, 64)),
+             "xv": spec((4, 8, 64)), "bv": spec((64,)), "bv2": spec((1, 1, 64)),
+             "t": spec((4, 8, 64)), "o": spec((4, 8, 64))}
+    ops = [TileOp("xv", "view", OpKind.LAYOUT, ("x",), specs["xv"], {"shape": (4, 8, 64)}),
+           TileOp("bv", "view", OpKind.LAYOUT, ("b",), specs["bv"], {"shape": (64,)}),
+           TileOp("bv2", "view", OpKind.LAYOUT, ("bv",), specs["bv2"], {"shape": (1, 1, 64)}),
+           TileOp("t", "mul", OpKind.BROADCAST, ("xv", "bv2"), specs["t"]),
+           TileOp("o", "add", OpKind.BROADCAST, ("t", "r"), specs["o"])]
+    graph = TileGraph("g", ["x", "b", "r"], specs, [], ["o"], {})
+    tile = FusionTile("k", ops, ["x", "b", "r"], ["o"], "float32", (8, 64), sympy.Integer(0),
+                      0, 0, OpKind.BROADCAST)
+    kernel = cpp.build(tile, graph)
+    assert kernel.native, kernel.reason
+    inputs = [rand(64, 32).t(), rand(1, 64), rand(4, 8, 64)]
+    torch.testing.assert_close(kernel(inputs, ()), reference.build(tile, graph)(inputs, ()))
+
+
+@pytest.mark.parametrize("dtype", VIEW_DTYPES, ids=str)
+def test_view_tiles_dynamic_two_sizes(dtype, built, tol):
+    ln = torch.nn.LayerNorm(48).to(dtype)
+
+    def fn(y, bias, res):
+        z = (y + bias).view(res.shape[0], res.shape[1], 48)
+        return ln(z + res), F.gelu(z) * res[0]
+    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
+                             dynamic=True)
+    bias = rand(48, dtype=dtype)
+    counts = []
+    for b, s in ((2, 8), (3, 5)):
+        args = rand(b * s, 48, dtype=dtype), bias, rand(b, s, 48, dtype=dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), fn(*args), **tol(dtype))
+        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
+    assert counts[0] == counts[1]
+    tiles = _view_tiles(built)
+    assert all(k.native for _, k in tiles)
+    assert any(is_symbolic(d) for _, k in tiles for d in k.program.shape)
+
+
+@pytest.mark.parametrize("dtype", VIEW_DTYPES, ids=str)
+def test_view_splitting_last_dim(dtype, built, tol):
+    """[B, S, H*D] <-> [B, S, H, D] in a pointwise tile (the columns become D), and a
+    per-head reduction after the split; the operands broadcast before and after it,
+    one is read transposed."""
+    def fn(y, yt, bias, w):
+        h = (torch.sigmoid(y) + bias + yt.transpose(0, 2)).view(4, 8, 4, 16)
+        return h * w, torch.softmax(h * 2.0, -1), (h - 1.0).reshape(4, 8, 64).exp()
+    check(fn, rand(4, 8, 64, dtype=dtype), rand(64, 8, 4, dtype=dtype), rand(64, dtype=dtype),
+          rand(8, 1, 16, dtype=dtype), built=built, **tol(dtype))
+    assert all(k.native for _, k in _view_tiles(built))
+
+
+def test_view_merging_reduced_dim_is_not_native(built):
+    """A reduction over H*D of a value computed as [.., H, D] would read a split row:
+    the tile runs the reference executor, saying why."""
+    def fn(y, w):
+        return torch.softmax(((y * w).view(4, 8, 64) + 1.0), -1)
+    check(fn, rand(4, 8, 4, 16), rand(16), built=built, native=False)
+    for _, k in _view_tiles(built):
+        assert k.native or "last dim" in k.reason, k.reason
+
+
+@pytest.mark.parametrize("model", ["transformer", "llama"])
+def test_benchmark_blocks_have_no_view_tiles_on_reference(model):
+    from pypto_inductor import models
+    m = (models.TransformerBlock(64, 4, 128) if model == "transformer"
+         else models.LlamaBlock(64, 4, 176)).eval()
+    rep = pypto_inductor.report(m, rand(2, 16, 64), options=OPTS)
+    tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
+    bad = [(t["name"], t["native"]) for t in tiles
+           if any(o.startswith("view") for o in t["ops"]) and not t["native"]["native"]]
+    assert not bad, bad
 
 
 # --- matmul tiles: torch's BLAS + one native epilogue pass ---------------------------------
@@ -394,3 +562,56 @@ def test_compile_error_runs_tile_eagerly_with_warning_and_report(monkeypatch):
     compiled = torch.compile(fn, backend="pypto", options=OPTS)
     with pytest.warns(UserWarning, match="failed to build"):
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+# --- one library per graph ----------------------------------------------------------------
+def _three_tiles(x, y, w):  # permutes keep the three kernels apart
+    a = torch.tanh(x * 1.5).permute(1, 0)
+    b = torch.softmax(a + y, -1).permute(1, 0)
+    return torch.sigmoid(b - x) * w
+
+
+def test_graph_compiles_as_few_libraries(monkeypatch, built):
+    monkeypatch.setenv("PYPTO_INDUCTOR_COMPILE_JOBS", "2")
+    before = dict(cpp_build.stats)
+    args = rand(48, 40) + 0.25, rand(40, 48), rand(40)  # new sizes: a cold compile
+    check(_three_tiles, *args, built=built)
+    assert len(built) == 3 and all(k.native for _, k in built)
+    assert cpp_build.stats["compiles"] - before["compiles"] == 2  # two chunks, not three
+
+
+def test_chunks_balance_sources():
+    pend = [(i, cpp._Pending(None, "head" + cpp._HEAD + "x" * n, None))
+            for i, n in enumerate([100, 100, 100, 100, 400])]
+    assert [[i for i, _ in c] for c in cpp._chunks(pend, 2)] == [[0, 1, 2, 3], [4]]
+    assert [[i for i, _ in c] for c in cpp._chunks(pend, 3)] == [[0, 2], [1, 3], [4]]
+    assert len(cpp._chunks(pend, 8)) == 5
+    assert len(cpp._chunks(pend, 1)) == 1 and len(cpp._chunks(pend[:2], 8)) == 2
+    odd = (5, cpp._Pending(None, "no marker", None))  # never shares a library
+    assert [[i for i, _ in c] for c in cpp._chunks(pend + [odd], 1)] == [[0, 1, 2, 3, 4], [5]]
+    source, symbols = cpp._library(cpp._chunks(pend, 1)[0])
+    assert source.count("head") == 1 and symbols == tuple(f"pi_kernel_{i}" for i in range(5))
+
+
+def test_compile_error_in_one_tile_of_a_library(monkeypatch):
+    monkeypatch.setenv("PYPTO_INDUCTOR_COMPILE_JOBS", "1")  # all three in one library
+    real = cpp.generate_source
+
+    def broken_softmax(program):
+        src = real(program)
+        return src + "\nnot C++ {" if program.reduction else src
+    monkeypatch.setattr(cpp, "generate_source", broken_softmax)
+    args = rand(24, 40), rand(40, 24), rand(40)
+    compiled = torch.compile(_three_tiles, backend="pypto", options=OPTS)
+    with pytest.warns(UserWarning, match="failed to build") as rec:
+        torch.testing.assert_close(compiled(*args), _three_tiles(*args))
+    failed = [str(w.message) for w in rec if "failed to build" in str(w.message)]
+    assert len(failed) == 1 and "softmax" in failed[0], failed
+    with pytest.warns(UserWarning, match="failed to build"):
+        rep = pypto_inductor.report(_three_tiles, *args, options=OPTS)
+    tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
+    assert sum(bool(t["kernel_fallback"]) for t in tiles) == 1
+    assert sum(bool(t["native"]["native"]) for t in tiles if not t["kernel_fallback"]) == 2
+    with pytest.raises(Exception, match="failed"):
+        torch.compile(_three_tiles, backend="pypto",
+                      options={**OPTS, "fallback": "error"})(*args)

@@ -190,6 +190,20 @@ def test_softmax_fuses_with_its_producers(run_both):
     assert plan.tiles[0].op_names == ["mul", "add", "softmax", "mul"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_masked_fill_constant_folds_into_one_kernel(dtype, run_both):
+    """masked_fill's 0-d fill value becomes a literal of the where: no kernel of its own."""
+    def f(scores, mask):
+        return torch.softmax((scores * 0.125).masked_fill(mask, float("-inf")), dim=-1)
+
+    mask = torch.rand(16, 16) > 0.7
+    mask[:, 0] = False  # no fully masked row (eager gives NaN there, as do we)
+    run = run_both(f, torch.randn(2, 4, 16, 16, dtype=dtype), mask)
+    plan = _plans(run)[0]
+    assert [t.op_names for t in plan.tiles] == [["mul", "where", "softmax"]]
+    assert all(op.op != "full" for op in plan.graph.nodes if isinstance(op, TileOp))
+
+
 # --- invariants of every plan -------------------------------------------------------------
 def _check_plan_invariants(plan, threshold=1.2):
     graph = plan.graph

@@ -312,18 +312,186 @@ def test_dynamic_launcher_reshapes_per_call():
         launcher([torch.randn(5, C + 1), torch.randn(C)])
 
 
+# --- dynamic columns / reduced length: passes over column chunks, reductions accumulated ----
+def _mark(x, *dims):
+    for d in dims:
+        torch._dynamo.mark_dynamic(x, d)
+    return x
+
+
+def _layer_norm_var(x, w):
+    return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5) * w
+
+
+# name -> (function, inputs with their dynamic dims, {symbol index: (small, large)} sizes)
+DYNAMIC_COLUMNS = {
+    # rows s0*s1 and reduced length s2 dynamic: softmax (max, sum of exp) and mean
+    "softmax_mean": (lambda x: torch.softmax(x, -1) + x.mean(-1, keepdim=True),
+                     lambda: (_mark(_x(4, 48, C), 0, 1, 2),), ((2, 50, 200), (4, 100, 700))),
+    # static rows, dynamic reduced length: mean, var (two passes), a (1, C) weight
+    "layer_norm": (_layer_norm_var, lambda: (_mark(_x(64, C), 1), _mark(_x(C), 0)),
+                   ((200,), (700,))),
+    # pointwise, every dim dynamic: one loop over column chunks inside the row loop
+    "pointwise": (lambda x: torch.relu(x) * 2, lambda: (_mark(_x(64, C), 0, 1),),
+                  ((50, 200), (300, 700))),
+}
+
+
+@pytest.fixture(scope="module")
+def dynamic_column_runs(sim_cache):
+    kernels, out = [], {}
+    for name, (fn, inputs, (small, large)) in DYNAMIC_COLUMNS.items():
+        plan = _plan(fn, *inputs())
+        (tile,) = plan.tiles
+        kernel = emit_tile(tile, plan.graph)
+        x = plan.graph.specs[tile.inputs[0]].shape
+        syms = [s for s in x if isinstance(s, sympy.Symbol)]
+        assert len(syms) == len(small), x
+        k_small = kernel.at_sizes(dict(zip(syms, small)))
+        k_large = kernel.at_sizes(dict(zip(syms, large)))
+        out[name] = (kernel, k_small, k_large)
+        kernels += [k_small, k_large]
+    results = iter(pypto_sim.simulate_kernels(kernels))
+    return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC_COLUMNS))
+def test_dynamic_columns_simulate_at_two_sizes_with_one_source(dynamic_column_runs, name):
+    kernel, small, large, r_small, r_large = dynamic_column_runs[name]
+    src = kernel.source
+    assert small.source == large.source == src and "C" in kernel.dynamic_dims
+    assert 'C = pypto.frontend.dynamic("C")' in src and "pypto.loop((C + " in src
+    assert "valid_shape=[" in src and "cn_1]" in src
+    if name != "pointwise":  # reductions: accumulators carried across the column loop
+        assert "pypto.full([" in src and "acc1[:] = pypto." in src
+    if name == "softmax_mean":
+        assert 'R = pypto.frontend.dynamic("R")' in src and "pypto.Tensor((R, C)" in src
+        assert "pypto.maximum(acc" in src and "pypto.exp(" in src
+        assert ", C, pypto.DT_FP32)" in src  # mean divides by the dynamic count
+        assert small.inputs[0].shape == (100, 200) and large.inputs[0].shape == (400, 700)
+        assert src.count("pypto.loop((C + ") == 4  # max, sum of exp, mean's sum, the outputs
+    if name == "layer_norm":
+        assert "pypto.Tensor((64, C)" in src and "pypto.Tensor((1, C)" in src
+        assert ", C - 1, pypto.DT_FP32)" in src  # var's correction
+        assert small.inputs[1].shape == (1, 200) and large.inputs[0].shape == (64, 700)
+    for r in (r_small, r_large):
+        assert r.error is None, f"{src}\n{r.error}"
+        assert r.cycles > 0 and Path(r.perfetto_trace_path).is_file()
+    assert r_large.cycles > r_small.cycles
+    print(f"{name}: {r_small.cycles} cycles at {[p.shape for p in small.inputs]}, "
+          f"{r_large.cycles} at {[p.shape for p in large.inputs]}")
+
+
+def test_dynamic_rows_and_columns_launcher_reshapes_per_call():
+    fn, inputs, _ = DYNAMIC_COLUMNS["softmax_mean"]
+    plan = _plan(fn, *inputs())
+    (tile,) = plan.tiles
+    kernel = emit_tile(tile, plan.graph, run_mode="NPU")
+    (x,) = kernel.inputs
+    assert x.dims == ("R", "C") and x.row_dims == 2
+    seen = []
+    launcher = npu.PyptoLauncher(kernel.to_json(), fn=lambda *args: seen.append(
+        [tuple(a.shape) for a in args]))
+    for b, s, h in ((2, 50, 200), (3, 7, 33)):
+        (out,) = launcher([torch.randn(b, s, h)], [(b, s, h)])
+        assert tuple(out.shape) == (b, s, h)
+        assert seen[-1] == [(b * s, h), (b * s, h)]
+    with pytest.raises(ValueError, match="does not fit"):
+        launcher([torch.randn(6, 200)])  # not the graph's rank: where do the rows end?
+
+
 def test_dynamic_cases_not_supported_yet_name_themselves():
-    # every dim dynamic: the trailing (column) extent is a symbol
-    plan = pypto_inductor.report(lambda x: torch.relu(x) * 2, _x(64, C), dynamic=True,
-                                 options={"hardware": "ascend-a2"}).graphs[0].plan
-    with pytest.raises(PyptoEmitError, match="dynamic column extent .* not supported yet"):
-        emit_tile(plan.tiles[0], plan.graph)
+    plan = _plan(lambda x: (x * 3).to(torch.int32).sum(-1), _mark(_x(4, 48, C), 2))
+    tile = next(t for t in plan.tiles if "sum" in t.op_names)
+    with pytest.raises(PyptoEmitError, match="reduction over a dynamic reduced extent is not "
+                                             "supported yet"):
+        emit_tile(tile, plan.graph)
     plan, _ = _dynamic_tiles(lambda x: x.sum(0), _x(4, 48, C))
     with pytest.raises(PyptoEmitError, match="leading extent .* is not supported yet"):
         emit_tile(plan.tiles[0], plan.graph)
-    plan, _ = _dynamic_tiles(lambda x, w: x @ w, _x(4, 48, C), _x(C, 128))
-    with pytest.raises(PyptoEmitError, match="not supported yet in matmul tiles"):
+    # batched matmul with a dynamic batch; a dynamic K (x @ x^T)
+    x, w = _x(4, 48, C), _x(4, C, 128)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(w, 0)
+    plan = _plan(lambda x, w: torch.bmm(x, w), x, w)
+    with pytest.raises(PyptoEmitError, match="not supported yet in batched matmul tiles"):
         emit_tile(next(t for t in plan.tiles if "matmul" in t.op_names), plan.graph)
+    plan = pypto_inductor.report(lambda x, w: x @ w, _x(64, C), _x(C, 128), dynamic=True,
+                                 options={"hardware": "ascend-a2"}).graphs[0].plan
+    with pytest.raises(PyptoEmitError, match="dynamic K or N extent .* not supported yet"):
+        emit_tile(next(t for t in plan.tiles if "matmul" in t.op_names), plan.graph)
+
+
+# --- dynamic M in a matmul tile: x @ W with its epilogue, in row tiles of M -----------------
+def _matmul_epilogue(x, w, b, r):
+    return torch.relu(x @ w + b) + r
+
+
+@pytest.fixture(scope="module")
+def dynamic_matmul(sim_cache):
+    """x [s0, s1, 256] @ W [256, 128] + bias, relu, + residual: one tile, two sizes simulated."""
+    x, r = _x(4, 48, C), _x(4, 48, 128)
+    for t in (x, r):
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 1)
+    # A low ROI threshold keeps the epilogue in the matmul's tile (the fitted A2 model
+    # keeps a matmul this small apart from its epilogue).
+    rep = pypto_inductor.report(_matmul_epilogue, x, _x(C, 128), _x(128), r,
+                                options={"hardware": "ascend-a2", "roi_threshold": 0.5})
+    plan = rep.graphs[0].plan
+    (tile,) = plan.tiles
+    kernel = emit_tile(tile, plan.graph)
+    rows = plan.graph.specs[tile.inputs[-1]].shape[:2]  # the residual's (s0, s1)
+    assert all(isinstance(s, sympy.Symbol) for s in rows), rows
+    small = kernel.at_sizes({rows[0]: 2, rows[1]: 50})
+    large = kernel.at_sizes({rows[0]: 8, rows[1]: 512})
+    r_small, r_large = pypto_sim.simulate_kernels([small, large])
+    return tile, kernel, small, large, r_small, r_large
+
+
+def test_dynamic_matmul_epilogue_simulates_at_two_sizes_with_one_source(dynamic_matmul):
+    tile, kernel, small, large, r_small, r_large = dynamic_matmul
+    assert {"matmul", "add", "relu"} <= set(tile.op_names)
+    src = kernel.source
+    assert kernel.dynamic and small.source == large.source == src
+    assert 'R = pypto.frontend.dynamic("R")' in src and "pypto.loop(" in src
+    assert "pypto.Tensor((R, 256)" in src and "pypto.Tensor((256, 128)" in src
+    assert "pypto.Tensor((1, 128)" in src and "pypto.Tensor((R, 128)" in src
+    row_tile = kernel.vec_tile[0]
+    assert f"pypto.view(in_view, [{row_tile}, 256], [r0, 0], valid_shape=[rn, 256])" in src
+    assert "pypto.matmul(" in src and "pypto.assemble(" in src
+    assert kernel.cube_tile[0][0] <= row_tile and "pypto.set_cube_tile_shapes(" in src
+    a, w, bias, res = small.inputs
+    assert (a.shape, w.shape, bias.shape, res.shape) == ((100, C), (C, 128), (1, 128), (100, 128))
+    assert res.graph_shape == (2, 50, 128) and small.outputs[0].shape == (100, 128)
+    assert large.inputs[0].shape == (4096, C) and large.outputs[0].graph_shape == (8, 512, 128)
+    for r in (r_small, r_large):
+        assert r.error is None, f"{src}\n{r.error}"
+        assert r.cycles > 0 and Path(r.perfetto_trace_path).is_file()
+    assert r_large.cycles > r_small.cycles  # 41x the rows
+    print(f"matmul_epilogue: {r_small.cycles} cycles at 100 rows, {r_large.cycles} at 4096")
+
+
+def test_dynamic_matmul_launcher_reshapes_per_call():
+    x, r = _x(4, 48, C), _x(4, 48, 128)
+    for t in (x, r):
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 1)
+    plan = pypto_inductor.report(_matmul_epilogue, x, _x(C, 128), _x(128), r, options={
+        "hardware": "ascend-a2", "roi_threshold": 0.5}).graphs[0].plan
+    (tile,) = plan.tiles
+    kernel = emit_tile(tile, plan.graph, run_mode="NPU")
+    seen = []
+    launcher = npu.PyptoLauncher(kernel.to_json(), fn=lambda *args: seen.append(
+        [tuple(a.shape) for a in args]))
+    for b, s in ((2, 50), (3, 7)):
+        (out,) = launcher([torch.randn(b * s, C), torch.randn(C, 128), torch.randn(128),
+                           torch.randn(b, s, 128)], [(b, s, 128)])
+        assert tuple(out.shape) == (b, s, 128)
+        assert seen[-1] == [(b * s, C), (C, 128), (1, 128), (b * s, 128), (b * s, 128)]
+    with pytest.raises(ValueError, match="does not fit"):  # A and the residual disagree on R
+        launcher([torch.randn(6, C), torch.randn(C, 128), torch.randn(128),
+                  torch.randn(7, 128)])
 
 
 # --- splitting a FusionTile at an op with no pypto form ------------------------------------
@@ -369,3 +537,13 @@ def test_tile_split_at_op_without_pypto_form(sim_cache, tmp_path, monkeypatch):
     assert run.split_ops == ["bitwise_not"]
     (out,) = run([x, y], ())
     torch.testing.assert_close(out, _with_bitwise_not(x, y))
+
+
+def test_prod_splits_because_the_simulator_has_no_rowprod(sim_cache, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rep = pypto_inductor.report(lambda x: x.prod(-1, keepdim=True) * 2 + x, _x(R, C),
+                                options={"simulate": True})
+    (entry,) = rep.to_dict()["graphs"][0]["fusion_tiles"]
+    assert entry["split_ops"] == ["prod"]
+    assert entry["simulation_error"] is None, entry["simulation_error"]
+    assert entry["simulated_cycles_fused"] > 0

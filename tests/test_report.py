@@ -202,6 +202,31 @@ def test_profile_measures_every_kernel(run_both):
     assert "meas us" in str(run.report)
 
 
+def test_profiled_report_measures_fused_against_unfused():
+    model = models.LayerNormGeluResidual(64)
+    x = torch.randn(4, 16, 64)
+    d = pypto_inductor.report(model, x, options={"profile": True}, repeats=3).to_dict()
+    summary = d["summary"]
+    tiles = d["graphs"][0]["fusion_tiles"]
+    assert summary["kernels_fused"] < summary["kernels_unfused"]
+    assert summary["measured_us_unfused"] > 0 and summary["measured_us_fused"] > 0
+    assert summary["measured_speedup"] == pytest.approx(
+        summary["measured_us_unfused"] / summary["measured_us_fused"], rel=1e-2)
+    for t in tiles:  # predicted and measured side by side, with the roofline's verdict
+        assert t["predicted_us"] > 0 and t["measured_us"] > 0
+        assert t["bound"] in ("memory", "compute", "launch")
+        assert t["measured_GBps"] == pytest.approx(t["gm_bytes"] / t["measured_us"] / 1e3,
+                                                   rel=1e-2, abs=0.01)
+
+
+def test_roofline_bound_of_tiles():
+    big = pypto_inductor.report(lambda a, b: a + b, torch.randn(2048, 1024),
+                                torch.randn(2048, 1024)).to_dict()
+    small = pypto_inductor.report(lambda a, b: a + b, torch.randn(4, 4), torch.randn(4, 4))
+    assert big["graphs"][0]["fusion_tiles"][0]["bound"] == "memory"
+    assert small.to_dict()["graphs"][0]["fusion_tiles"][0]["bound"] == "launch"
+
+
 def test_empty_report_is_valid():
     rep = pypto_inductor.FusionReport([])
     d = rep.to_dict()

@@ -3,7 +3,11 @@
 A target module provides ``build(tile, graph) -> kernel`` where
 ``kernel(inputs: list[Tensor], syms: tuple[int, ...]) -> list[Tensor]`` takes
 the tile's input values and the graph's size-symbol values, and returns its
-output values. Adding a target is adding a module here and a line in TARGETS.
+output values. A target may also provide ``build_many(tiles, graph) -> list``, the
+kernels of all FusionTiles of one graph at once (each entry a kernel or the exception
+its build raised), to batch and parallelise slow builds; the runtime uses it when
+present and ``build`` otherwise. Adding a target is adding a module here and a line in
+TARGETS.
 """
 from __future__ import annotations
 

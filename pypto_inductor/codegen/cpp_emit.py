@@ -1,4 +1,4 @@
-"""C++ source for one analysed FusionTile (a :class:`cpp.Program`).
+"""C++ source for one analysed FusionTile (a :class:`cpp_analysis.Program`).
 
 The function is ``extern "C" void pi_kernel(void* const* ptrs, const int64_t*
 meta, const int64_t* syms, int nt)``: ``ptrs`` holds the inputs then the
@@ -26,7 +26,8 @@ PARALLEL_MIN = 32768  # fewer elements run on one thread
 
 STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "uint16_t",
            torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
-           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+           torch.int8: "int8_t", torch.uint8: "uint8_t",
+           torch.bool: "uint8_t"}  # bool loads as bytes: GCC vectorises `b != 0`, not `bool`
 
 
 def ctype(dt) -> str:
@@ -60,7 +61,9 @@ def load(e: str, dt) -> str:
         return f"ld_f16({e})"
     if dt == torch.bfloat16:
         return f"ld_bf16({e})"
-    return e if dt in (torch.float32, torch.bool) else f"(int64_t){e}"
+    if dt == torch.bool:
+        return f"({e} != 0)"
+    return e if dt == torch.float32 else f"(int64_t){e}"
 
 
 def store(e: str, dt) -> str:
@@ -179,7 +182,7 @@ def _expr(n, var) -> str:
     """The right-hand side computing node n (not reduce/load)."""
     if n.kind == "expr":
         args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
-        return finalize(n.attrs["fmt"].format(*args), None)
+        return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
     common = n.attrs["common"]
     if n.attrs["op"] in _FLOAT_ONLY and ctype(common) != "float":
         raise NotEmittable(f"{n.attrs['op']} on {common}")
@@ -198,7 +201,7 @@ def _expr(n, var) -> str:
 
 
 def emit(p) -> str:
-    from .cpp import NotNative
+    from .cpp_analysis import NotNative
 
     try:
         return _Emitter(p).source()
@@ -261,14 +264,31 @@ class _Emitter:
             q = len(p.input_specs[a.input].shape)
             o = offsets[a.input]
             for d, j in enumerate(a.dims):
+                j, mult = j if isinstance(j, tuple) else (j, 1)  # (dim, multiplier): split
                 e = "0" if j is None else f"(meta[{o + j}] == 1 ? 0 : meta[{o + q + j}])"
+                if j is not None and mult != 1:
+                    e = f"({e} * {size(mult)})"
                 w(f"  const int64_t a{k}_{d} = {e};")
             if a.col and p.fast[k] != "strided":
                 contiguous = "1"
                 for d in range(n - 1, self.outer - 1, -1):
                     want = contiguous if p.fast[k] == "unit" else "0"
-                    fast_checks.append(f"(D{d} == 1 || a{k}_{d} == {want})")
+                    fast_checks.append(f"(D{d} == 1 || {self.stride(k, d)} == {want})")
                     contiguous = f"{contiguous} * D{d}"
+        # rows of the frames other than the domain's: the row index decomposed over them
+        self.frame_of: dict[int, int | None] = {}
+        frames: list[tuple] = []
+        for k, a in enumerate(p.accesses):
+            rows = self.frame_rows(k)
+            if rows == tuple(p.shape[:self.outer]):
+                self.frame_of[k] = None
+                continue
+            if rows not in frames:
+                g = len(frames)
+                frames.append(rows)
+                for e, sz in enumerate(rows):
+                    w(f"  const int64_t F{g}_{e} = {size(sz)}; (void)F{g}_{e};")
+            self.frame_of[k] = frames.index(rows)
         has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
         w(f"  const bool fast = {' && '.join(fast_checks) or 'true'};")
         if has_fast:
@@ -285,13 +305,33 @@ class _Emitter:
         w("    int64_t t = r; (void)t;")
         for d in range(self.outer - 1, -1, -1):
             w(f"    const int64_t i{d} = t % D{d}; t /= D{d};")
+        for g, rows in enumerate(frames):
+            w(f"    int64_t t{g} = r; (void)t{g};")
+            for e in range(len(rows) - 1, -1, -1):
+                w(f"    const int64_t i{g}_{e} = t{g} % F{g}_{e}; t{g} /= F{g}_{e};")
         for k, a in enumerate(p.accesses):
-            base = " + ".join(f"i{d} * a{k}_{d}" for d in range(self.outer)) or "0"
+            g = self.frame_of[k]
+            idx = [f"i{d}" for d in range(self.outer)] if g is None else \
+                [f"i{g}_{e}" for e in range(len(self.frame_rows(k)))]
+            base = " + ".join(f"{i} * a{k}_{e}" for e, i in enumerate(idx)) or "0"
             w(f"    const int64_t b{k} = {base};")
         self.body(has_fast)
         w("  }")
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    # --- frames ---------------------------------------------------------------------
+    def frame_rows(self, k: int) -> tuple:
+        """The leading (row) dims of access k's frame (see ``cpp_analysis.Access``)."""
+        a = self.p.accesses[k]
+        frame = tuple(a.frame) or tuple(self.p.shape)
+        return frame[:len(frame) - self.p.m]
+
+    def stride(self, k: int, d: int) -> str:
+        """Access k's stride along column dim d of the domain."""
+        a = self.p.accesses[k]
+        nf = len(a.frame) if a.frame else self.n
+        return f"a{k}_{d + nf - self.n}"
 
     # --- the work item -------------------------------------------------------------
     def var(self, x) -> str:
@@ -321,10 +361,10 @@ class _Emitter:
                 return "c"
             if kind == "bcast":
                 return "0"
-            return f"c * a{k}_{self.n - 1}" if p.m >= 1 else "0"
+            return f"c * {self.stride(k, self.n - 1)}" if p.m >= 1 else "0"
         if p.m == 1:
-            return f"c * a{k}_{self.n - 1}"
-        return " + ".join(f"j{d} * a{k}_{d}" for d in range(self.outer, self.n)) or "0"
+            return f"c * {self.stride(k, self.n - 1)}"
+        return " + ".join(f"j{d} * {self.stride(k, d)}" for d in range(self.outer, self.n)) or "0"
 
     def col_deps(self, targets) -> list:
         seen: set[int] = set()

@@ -49,7 +49,7 @@ def _same_shape(a, b) -> bool:
 
 def _plan(tile: FusionTile, graph: TileGraph):
     """(matmul op, epilogue FusionTile or None, its graph, input sources, output getters)."""
-    from .cpp import NotNative
+    from .cpp_analysis import NotNative
 
     mm, epi = tile.ops[0], tile.ops[1:]
     if mm.kind is not OpKind.MATMUL or mm.op != "matmul":
@@ -156,7 +156,21 @@ def _plan(tile: FusionTile, graph: TileGraph):
 def build(tile: FusionTile, graph: TileGraph, native_builder):
     """kernel(inputs, syms) -> outputs; ``native_builder(sub_tile, sub_graph)`` builds the
     epilogue's native kernel (raising cpp.NotNative when it is outside the slice)."""
-    mm, sub, sub_graph, srcs, getters = _plan(tile, graph)
+    planned = plan(tile, graph)
+    _, sub, sub_graph, _, _ = planned
+    return assemble(tile, graph, planned, None if sub is None else native_builder(sub, sub_graph))
+
+
+def plan(tile: FusionTile, graph: TileGraph):
+    """The tile's matmul, epilogue tile (None if there is none) and its graph, and how to feed
+    it and read the outputs; raises cpp.NotNative. The epilogue's kernel is built apart (so a
+    graph's epilogues compile with its other tiles) and passed to :func:`assemble`."""
+    return _plan(tile, graph)
+
+
+def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
+    """The tile's kernel from :func:`plan`'s result and the epilogue's native kernel."""
+    mm, sub, sub_graph, srcs, getters = planned
     symbols = graph.symbols
     slot = {name: i for i, name in enumerate(tile.inputs)}
     ia, ib = slot[mm.args[0]], slot[mm.args[1]]
@@ -178,7 +192,6 @@ def build(tile: FusionTile, graph: TileGraph, native_builder):
 
         kernel.native, kernel.reason, kernel.program = True, None, None
         return kernel
-    epi = native_builder(sub, sub_graph)
     feeds = []  # (slot or -1 for the matmul result, reshape fn or None)
     for _, (src, shape) in srcs:
         feeds.append((-1 if src == "mm" else slot[src],

@@ -118,12 +118,22 @@ class PyptoLauncher:
                 raise ValueError(
                     f"kernel {self.name} was emitted for static shapes: input {p['value']} has "
                     f"{tuple(x.shape)}, the kernel expects {tuple(p['graph_shape'])}")
-            if names:
-                n, rem = divmod(x.numel(), static)
-                if rem or dyn.get(names[0], n) != n:
+            if len(names) > 1:  # (R, C): the rows are the leading row_dims dims of x
+                k = p.get("row_dims")
+                if k is None or x.dim() != len(p["graph_shape"]):
                     raise ValueError(f"kernel {self.name}: input {p['value']} of shape "
                                      f"{tuple(x.shape)} does not fit the kernel dims {dims}")
-                dyn[names[0]] = n
+                sizes = {names[0]: _numel(x.shape[:k]), names[1]: _numel(x.shape[k:])}
+            elif names:
+                n, rem = divmod(x.numel(), static)
+                sizes = {names[0]: None if rem else n}
+            else:
+                sizes = {}
+            for d, n in sizes.items():
+                if n is None or dyn.get(d, n) != n:
+                    raise ValueError(f"kernel {self.name}: input {p['value']} of shape "
+                                     f"{tuple(x.shape)} does not fit the kernel dims {dims}")
+                dyn[d] = n
             shape = [dyn[d] if isinstance(d, str) else d for d in dims]
             args.append(x.to(_dtype(p)).contiguous().reshape(shape))
         device = inputs[0].device if inputs else _default_device()

@@ -324,7 +324,7 @@ class _Planner:
             dtype=compute_dtype(ops, self.graph, self.config.dtype_policy), tile_shape=tp.tile_shape,
             footprint_expr=tp.footprint_expr, footprint_bytes=tp.footprint_bytes,
             capacity_bytes=tp.capacity_bytes, kind=kind, predicted_us=cost.time_us,
-            gm_bytes=cost.gm_bytes,
+            gm_bytes=cost.gm_bytes, bound=cost.bound,
         )
 
 

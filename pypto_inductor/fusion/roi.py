@@ -35,6 +35,7 @@ class KernelCost:
     flops: int
     launches: int
     time_us: float
+    bound: str = "launch"  # the largest roofline term: "memory", "compute" or "launch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,17 +132,21 @@ class CostModel:
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         peak = self.hw.cube_flops_per_s if cube else self.hw.vector_flops_per_s
-        seconds = max(gm / self.hw.gm_bandwidth_bytes_per_s, flops / peak)
+        memory_s = gm / self.hw.gm_bandwidth_bytes_per_s
+        compute_s = flops / peak
         if self.hw.vector_elems_per_s:  # a pass over the iteration domain (see hardware.py)
             elems = max(self.op_elems[id(op)] for op in ops)
-            seconds = max(seconds, elems / self.hw.vector_elems_per_s)
+            compute_s = max(compute_s, elems / self.hw.vector_elems_per_s)
+        seconds = max(memory_s, compute_s)
         fixed = self.hw.launch_us
         if self.hw.op_us:
             fixed += self.hw.op_us * sum(1 for op in ops if not op.is_view)
         if cube and self.hw.cube_epilogue_us and any(
                 op.kind is not OpKind.MATMUL and not op.is_view for op in ops):
             fixed += self.hw.cube_epilogue_us
-        return KernelCost(gm, flops, 1, fixed + seconds * 1e6)
+        bound = ("launch" if fixed > seconds * 1e6
+                 else "memory" if memory_s >= compute_s else "compute")
+        return KernelCost(gm, flops, 1, fixed + seconds * 1e6, bound)
 
     def merge_estimate(self, groups: list[list[TileOp]], footprints: list[int],
                        fused_footprint: int) -> RoiEstimate:

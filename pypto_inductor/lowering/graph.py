@@ -72,6 +72,9 @@ class LoweringContext:
         self.graph = graph
         self.node: fx.Node | None = None
         self._count = 0
+        # 0-d constants (scalar_tensor, full(())) -> their Python value: pointwise
+        # consumers take the literal, so masked_fill's -inf costs no kernel of its own
+        self.scalar_constants: dict[str, bool | int | float] = {}
 
     def spec(self, name: str) -> TensorSpec:
         return self.graph.specs[name]
@@ -106,6 +109,7 @@ class LoweringContext:
     def pointwise(self, op: str, args, out: TensorSpec | None = None, **attrs) -> str:
         """An elementwise op; its kind is BROADCAST when an operand is broadcast."""
         out = out or self.out_spec
+        args = tuple(self.scalar_constants.get(a, a) if isinstance(a, str) else a for a in args)
         broadcast = any(isinstance(a, str) and self.spec(a).shape != out.shape for a in args)
         kind = OpKind.BROADCAST if broadcast else OpKind.ELEMENTWISE
         return self.emit(op, kind, args, out, **attrs)
@@ -147,6 +151,7 @@ def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> Tile
         else:
             raise GraphNotLowerable(f"unexpected FX node kind {node.op!r}")
 
+    _drop_unused(graph, set(ctx.scalar_constants))
     bindings = _bind_symbols(graph, placeholders)
     free = set()
     for spec in graph.specs.values():
@@ -159,6 +164,15 @@ def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> Tile
     graph.symbol_bindings = dict(sorted(bindings.items(), key=lambda kv: kv[0].name))
     graph.size_hints = _size_hints(gm, graph.symbol_bindings)
     return graph
+
+
+def _drop_unused(graph: TileGraph, names: set[str]) -> None:
+    """Remove the tile ops defining ``names`` that nothing reads any more."""
+    used = {o for o in graph.outputs if isinstance(o, str)}
+    for node in graph.nodes:
+        used.update(node.inputs)
+    graph.nodes = [n for n in graph.nodes if not (isinstance(n, TileOp) and n.name in names
+                                                  and n.name not in used)]
 
 
 def _size_hints(gm: fx.GraphModule, bindings) -> dict[sympy.Symbol, int]:
@@ -214,6 +228,8 @@ def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
         return result
     op = new_ops[-1]
     ctx.graph.specs[node.name] = ctx.graph.specs.pop(op.name)
+    if op.name in ctx.scalar_constants:
+        ctx.scalar_constants[node.name] = ctx.scalar_constants.pop(op.name)
     op.name = node.name
     return node.name
 

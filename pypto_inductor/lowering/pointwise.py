@@ -186,7 +186,12 @@ def lower_cast(ctx, x, dtype=None, layout=None, device=None, pin_memory=None,
 @register_lowering(aten.full, aten.scalar_tensor)
 def lower_full(ctx, *args, **kwargs):
     value = args[-1] if len(args) in (1, 2) else kwargs.get("fill_value")
-    return ctx.emit("full", OpKind.ELEMENTWISE, (), value=value, dtype=ctx.out_spec.dtype)
+    name = ctx.emit("full", OpKind.ELEMENTWISE, (), value=value, dtype=ctx.out_spec.dtype)
+    dtype = ctx.out_spec.dtype
+    if ctx.out_spec.shape == () and isinstance(value, (bool, int, float)):
+        cast = bool if dtype == torch.bool else float if dtype.is_floating_point else int
+        ctx.scalar_constants[name] = cast(value)
+    return name
 
 
 @register_lowering(aten.full_like)

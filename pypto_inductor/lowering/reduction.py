@@ -38,7 +38,7 @@ def lower_sum_mean(ctx, x, dims=None, keepdim=False, dtype=None):
     if ctx.aten_name == "prod" and isinstance(dims, (list, tuple)):
         raise Unsupported("prod over a dim list")
     if isinstance(dims, torch.dtype):  # sum.default(x, dtype)
-        dims, dtype = None, dims
+        dims = None
     return _reduce(ctx, ctx.aten_name, x, dims, keepdim, dtype=ctx.out_spec.dtype)
 
 

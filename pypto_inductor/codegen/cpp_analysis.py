@@ -1,0 +1,508 @@
+"""FusionTile -> kernel program for the native CPU target (what :mod:`.cpp_emit` writes).
+
+:func:`analyse` turns a tile into a :class:`Program`: loads, ops and reductions,
+each at row or column level, or raises :class:`NotNative` naming what is
+outside the native slice (the tile then runs the reference executor).
+
+Iteration: a tile's domain D is split into rows (the outer dims, flattened,
+run in parallel with OpenMP) and columns (the reduced trailing dims of a
+reduction tile; for a pointwise tile the longest trailing run every input
+reads contiguously or broadcast). Input sizes and strides are kernel arguments,
+so dynamic sizes never recompile. Reshapes inside a tile keep the flat
+(row, column) order of every value: each input is read in its own *frame*
+(:class:`Access`), with the row index decomposed over the frame's leading dims.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import FusionTile, OpKind, TileGraph, TileOp
+from .sizes import is_symbolic
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+DTYPES = FLOATS + INTS + (torch.bool,)
+SYMBOL = "pi_kernel"
+
+
+class NotNative(Exception):
+    """This tile is outside the native slice; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Lit:
+    """A scalar operand: a Python number or a sympy size expression."""
+
+    value: Any
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    id: int
+    kind: str  # "load", "op" (a tile op), "expr" (internal float math), "reduce"
+    level: str  # "row" (once per row) or "col" (per element)
+    args: list  # Node | Lit
+    dtype: torch.dtype | None  # the value's dtype (results are rounded to it); None = fp32 math
+    attrs: dict
+    shape: tuple | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """How an input is indexed: ``dims[e]`` is the input dim read for frame dim e (or None,
+    or (input dim, stride multiplier) for the outer part of a split dim).
+
+    ``frame`` is the shape the input is read in: the shape of the op it broadcasts
+    into, or its own shape when the tile reshapes it (``view``). Every frame has the
+    domain's element order and ends with the domain's column dims (the last
+    ``Program.m``), so only the row index is decomposed per frame (over its leading
+    dims); per-row reads have ``None`` over the column dims.
+    """
+
+    input: int
+    dims: tuple
+    col: bool  # read per element (else once per row)
+    frame: tuple = ()
+
+
+@dataclasses.dataclass
+class Program:
+    shape: tuple  # domain D (sympy)
+    m: int  # number of trailing column dims
+    reduction: bool
+    nodes: list
+    accesses: list
+    input_specs: list
+    outputs: list  # (Node, spec)
+    fast: list  # per access: "unit", "bcast" or "strided" (expected column layout)
+    symbols: list
+
+
+def _compute_dtype(dt):
+    return torch.float32 if dt in FLOATS else dt
+
+
+def _same(a, b) -> bool:
+    """Two sizes (ints or sympy expressions) are equal."""
+    if a == b:
+        return True
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def _numel(shape):
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def _dim_mult(entry) -> tuple:
+    """(input dim or None, stride multiplier) of an ``Access.dims`` entry: an int, None,
+    or (input dim, multiplier) for the outer half of a split dim."""
+    if isinstance(entry, tuple):
+        return entry
+    return entry, 1
+
+
+def _core(shape) -> tuple:
+    """The shape without its trailing 1s."""
+    shape = tuple(shape)
+    while shape and _same(shape[-1], 1):
+        shape = shape[:-1]
+    return shape
+
+
+def _unit_dims_map(shape, vshape, vdims):
+    """``vdims`` (input dims of ``vshape``) re-indexed for ``shape`` when the two shapes
+    differ only in 1s (an unsqueeze/squeeze as a reshape), else None."""
+    big = [(s, j) for s, j in zip(vshape, vdims) if not _same(s, 1)]
+    out, k = [], 0
+    for s in shape:
+        if _same(s, 1):
+            out.append(None)
+        elif k < len(big) and _same(s, big[k][0]):
+            out.append(big[k][1])
+            k += 1
+        else:
+            return None
+    return tuple(out) if k == len(big) else None
+
+
+class _Analyser:
+    def __init__(self, tile: FusionTile, graph: TileGraph):
+        self.tile, self.graph = tile, graph
+        self.nodes: list[Node] = []
+        self.env: dict[str, Node] = {}
+        self.accesses: dict[tuple, int] = {}
+        self.access_list: list[Access] = []
+        self.loads: dict[tuple, Node] = {}
+        self.slot = {name: i for i, name in enumerate(tile.inputs)}
+        self.input_views: dict[str, tuple] = {}  # view -> (input, shape, input dim per dim)
+
+    # --- nodes -------------------------------------------------------------------
+    def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
+        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape)
+        self.nodes.append(n)
+        return n
+
+    def expr(self, level, fmt, *args) -> Node:
+        return self.node("expr", level, args, None, fmt=fmt)
+
+    def reduce(self, red, x: Node, acc_dtype=None) -> Node:
+        return self.node("reduce", "row", [x], acc_dtype, red=red)
+
+    # --- contexts ------------------------------------------------------------------
+    def context(self, shape) -> tuple:
+        """(kind, shape, frame, cut) of an op of this output shape.
+
+        kind "col": one value per element (the shape has the domain's element count and
+        ends with its column dims; a reshape of the domain when it differs); "keep" /
+        "drop": one value per row (the row count, with or without the reduced dims as
+        1s). ``frame`` is the shape inputs are read in (see :class:`Access`): in a
+        pointwise tile, the shape without its last ``cut`` dims (trailing 1s) and with
+        its last dim split to the column length (see :meth:`split_last`).
+        """
+        shape = tuple(shape)
+        D, m = self.D, self.m_red
+        if shape == D:
+            return ("col", shape, shape, 0)
+        if not m:
+            if _same(_numel(shape), _numel(D)):
+                core = _core(shape)
+                return ("col", shape, self.split_last(core), len(shape) - len(core))
+        else:
+            tail = D[len(D) - m:]
+            if len(shape) >= m and _same_shape(shape[len(shape) - m:], tail) \
+                    and _same(_numel(shape), _numel(D)):
+                return ("col", shape, shape, 0)
+            rows = _numel(D[:len(D) - m])
+            if len(shape) >= m and all(_same(x, 1) for x in shape[len(shape) - m:]) \
+                    and _same(_numel(shape[:len(shape) - m]), rows):
+                return ("keep", shape, shape[:len(shape) - m] + tail, 0)
+            if _same(_numel(shape), rows):
+                return ("drop", shape, shape + tail, 0)
+            if m == 1 and shape and _same(_numel(shape), _numel(D)):
+                return ("col", shape, self.split_last(shape), 0)
+        raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
+                        f"{list(D)}" + (f" reducing its last {m} dims" if m else ""))
+
+    def split_last(self, shape) -> tuple:
+        """The frame of a value of the tile's size whose last dim is a multiple of the
+        column length L: [..., q*L] read as [..., q, L] (a split needs no stride check)."""
+        L = self.col_len
+        if L is None or (shape and _same(shape[-1], L)):
+            return tuple(shape)
+        q = sympy.simplify(sympy.sympify(shape[-1]) / L) if shape else None
+        if q is None or not q.is_integer or not q.is_positive:
+            raise NotNative(f"a reshape inside the tile changes its last dim ({list(shape)} "
+                            f"vs columns of {L}); only splitting it is native")
+        return tuple(shape[:-1]) + (q, L)
+
+    def load(self, name: str, ctx: tuple, dims=None) -> Node:
+        """The input ``name`` read in ``ctx``; ``dims`` maps the op's dims to input dims
+        (default: the input broadcast to the op's shape, aligned right)."""
+        kind, shape, frame, cut = ctx
+        spec = self.graph.specs[name]
+        q = len(spec.shape)
+        if dims is None:
+            if q > len(shape):
+                raise NotNative(f"input {name} has more dims than its use")
+            dims = [None] * (len(shape) - q) + list(range(q))
+        dims = list(dims)[:len(shape) - cut]
+        if kind == "col" and len(frame) == len(shape) - cut + 1:  # last dim split (q, L)
+            j = dims[-1]
+            dims[-1:] = [None, None] if j is None else [(j, frame[-1]), j]
+        dims = dims + [None] * (len(frame) - len(dims))
+        nf, m = len(frame), self.m_red
+        if kind == "keep":
+            for e in range(nf - m, nf):
+                if dims[e] is not None and not _same(spec.shape[dims[e]], 1):
+                    raise NotNative(f"input {name} is not constant along the reduced dims")
+        if kind != "col":
+            dims = [None if e >= nf - m else j for e, j in enumerate(dims)]
+        access = Access(self.slot[name], tuple(dims), kind == "col", tuple(frame))
+        if access not in self.accesses:
+            self.accesses[access] = len(self.access_list)
+            self.access_list.append(access)
+        key = (name, access)
+        if key not in self.loads:
+            level = "col" if kind == "col" else "row"
+            self.loads[key] = self.node("load", level, [], spec.dtype, spec.shape,
+                                        access=self.accesses[access])
+        return self.loads[key]
+
+    def operand(self, a, ctx: tuple):
+        if not isinstance(a, str):
+            if isinstance(a, (bool, int, float)) or is_symbolic(a) or isinstance(a, sympy.Number):
+                return Lit(a)
+            raise NotNative(f"operand {a!r} is not a tensor or scalar")
+        kind, out_shape = ctx[:2]
+        if a in self.input_views:  # a tile input seen through a view adding/removing 1s
+            src, vshape, vdims = self.input_views[a]
+            if len(vshape) > len(out_shape):
+                raise NotNative(f"input {src} has more dims than its use")
+            return self.load(src, ctx, [None] * (len(out_shape) - len(vshape)) + list(vdims))
+        if a not in self.env:
+            return self.load(a, ctx)
+        v = self.env[a]
+        if v.level == "col" and kind != "col":
+            raise NotNative("a per-row value depends on a per-element one")
+        if v.level == "row":
+            aligned = (1,) * (len(out_shape) - len(v.shape)) + tuple(v.shape)
+            if len(aligned) != len(out_shape):
+                raise NotNative("per-row operand of higher rank")
+            n = len(out_shape)
+            for d, (q, p) in enumerate(zip(aligned, out_shape)):
+                col_dim = kind == "col" and d >= n - self.m
+                if (col_dim and not _same(q, 1)) or (not col_dim and not _same(q, p)):
+                    raise NotNative(f"per-row value of shape {list(v.shape)} broadcast to "
+                                    f"{list(out_shape)}")
+        return v
+
+    def lower_view(self, op: TileOp):
+        """A reshape keeping the element order: the same values under another shape.
+
+        A computed value keeps its node (an alias with the new shape); a tile input of
+        the tile's size (or row count) is read in its own shape; a smaller input (a
+        broadcast operand) only through views that add or remove 1s.
+        """
+        src, shape = op.args[0], tuple(op.out.shape)
+        if not isinstance(src, str):
+            raise NotNative("view of a scalar")
+        if src in self.env:
+            v = self.env[src]
+            kind = self.context(shape)[0]
+            if (kind == "col") != (v.level == "col"):
+                raise NotNative(f"a reshape to {list(shape)} moves values between rows and "
+                                f"columns of the tile domain {list(self.D)}")
+            return dataclasses.replace(v, shape=shape)
+        if src in self.input_views:
+            base, vshape, vdims = self.input_views[src]
+        else:
+            base = src
+            vshape = tuple(self.graph.specs[src].shape)
+            vdims = tuple(range(len(vshape)))
+        dims = _unit_dims_map(shape, vshape, vdims)
+        if dims is not None:
+            self.input_views[op.name] = (base, shape, dims)
+            return None
+        if base != src:
+            raise NotNative(f"a reshape of a broadcast input {base} is not native yet")
+        try:
+            ctx = self.context(vshape)
+        except NotNative:
+            raise NotNative(f"a reshape of input {src} ({list(vshape)}) to {list(shape)} "
+                            f"does not fit the tile domain {list(self.D)}") from None
+        v = self.load(src, ctx, vdims)
+        if (self.context(shape)[0] == "col") != (v.level == "col"):
+            raise NotNative(f"a reshape to {list(shape)} moves values between rows and "
+                            f"columns of the tile domain {list(self.D)}")
+        return dataclasses.replace(v, shape=shape)
+
+    # --- the tile -------------------------------------------------------------------
+    def run(self) -> Program:
+        from ..fusion.capacity import group_domain
+
+        tile, graph = self.tile, self.graph
+        if tile.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST,
+                             OpKind.REDUCTION):
+            raise NotNative(f"{tile.kind.value} tiles are not native yet")
+        for name in list(tile.inputs) + [op.name for op in tile.ops]:
+            dt = graph.specs[name].dtype
+            if dt not in DTYPES:
+                raise NotNative(f"dtype {dt} is not in the native slice")
+        dom = group_domain(tile.ops, graph)
+        self.D = tuple(dom.shape)
+        n = len(self.D)
+        axes = tuple(dom.reduce_axes)
+        self.m_red = len(axes)
+        if axes and axes != tuple(range(n - len(axes), n)):
+            raise NotNative(f"reduction over dims {list(axes)} is not over the innermost dims")
+        self.m = len(axes)  # a pointwise tile's column dims are chosen after its accesses
+        # the column length every value's frame ends with: the reduced dim, or for a
+        # pointwise tile the shortest last dim (longer ones are split, see split_last)
+        self.col_len = self.D[-1] if n and self.m == 1 else None
+        if n and not axes:
+            shapes = [op.out.shape for op in tile.ops] + [
+                graph.specs[a].shape for op in tile.ops if op.op == "view"
+                for a in op.inputs if a in self.slot]
+            lasts = [_core(s)[-1] for s in shapes if _core(s)]
+            self.col_len = min(lasts, key=graph.hint, default=None)
+            if self.col_len is not None:
+                self.D = self.split_last(_core(self.D))
+                n = len(self.D)
+        for op in tile.ops:
+            v = self.lower(op)
+            if v is not None:
+                self.env[op.name] = v
+        for name in tile.outputs:
+            if name not in self.env:
+                raise NotNative(f"tile output {name} is a view of an input")
+        outputs = [(self.env[name], graph.specs[name]) for name in tile.outputs]
+        m = self.m if axes else self.pointwise_columns()
+        return Program(self.D, m, bool(axes), self.nodes, self.access_list,
+                       [graph.specs[i] for i in tile.inputs], outputs,
+                       [self.classify(a, m) for a in self.access_list], graph.symbols)
+
+    def pointwise_columns(self) -> int:
+        n = len(self.D)
+        top = n  # the trailing dims every frame shares with the domain
+        for a in self.access_list:
+            k = 0
+            while k < min(top, len(a.frame)) and \
+                    _same(a.frame[len(a.frame) - 1 - k], self.D[n - 1 - k]):
+                k += 1
+            top = k
+        if n and not top:
+            raise NotNative("a reshape inside the tile changes its last dim "
+                            f"({sorted({str(list(a.frame)) for a in self.access_list})})")
+        for m in range(top, 1, -1):
+            if all(not a.col or self.classify(a, m) != "strided" for a in self.access_list):
+                return m
+        return min(top, 1)
+
+    def classify(self, a: Access, m: int) -> str:
+        """The expected layout of an access over the m trailing dims, from the size hints."""
+        if not a.col:
+            return "bcast"
+        spec = self.graph.specs[self.tile.inputs[a.input]]
+        hint = self.graph.hint
+        n = len(self.D)
+        shift = len(a.frame) - n  # frame dim of domain dim d: d + shift (column dims)
+        unit = bcast = True
+        contiguous = 1
+        for d in range(n - 1, n - m - 1, -1):
+            size = hint(self.D[d])
+            j, mult = _dim_mult(a.dims[d + shift])
+            es = 0 if j is None or hint(spec.shape[j]) == 1 else \
+                hint(spec.stride[j]) * hint(mult)
+            if size != 1:
+                unit &= es == contiguous
+                bcast &= es == 0
+            contiguous *= size
+        return "unit" if unit else "bcast" if bcast else "strided"
+
+    def lower(self, op: TileOp) -> Node | None:
+        if op.op == "view":
+            return self.lower_view(op)
+        ctx = self.context(tuple(op.out.shape))
+        if op.kind is OpKind.REDUCTION:
+            return self.lower_reduction(op, ctx)
+        if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):
+            raise NotNative(f"{op.op} ({op.kind.value}) is not native yet")
+        from .cpp_emit import OPS
+
+        if op.op not in OPS:
+            raise NotNative(f"tile op {op.op} is not native yet")
+        if op.op == "div" and op.attrs.get("rounding_mode"):
+            raise NotNative("div with a rounding mode is not native yet")
+        args = [self.operand(a, ctx) for a in op.args]
+        common = self.common_dtype(op, args)
+        level = "col" if ctx[0] == "col" else "row"
+        return self.node("op", level, args, op.out.dtype, op.out.shape, op=op.op,
+                         common=common, **op.attrs)
+
+    def common_dtype(self, op: TileOp, args) -> torch.dtype:
+        """The dtype operands are converted to before the op computes (torch promotion)."""
+        if op.op in ("cast", "full"):
+            return op.out.dtype
+        if op.op == "where":
+            args = args[1:]
+        vals = []
+        for a in args:
+            if isinstance(a, Lit):
+                v = a.value
+                vals.append(v if isinstance(v, (bool, int, float)) else
+                            (1.0 if isinstance(v, sympy.Float) else 1))
+            else:
+                dt = a.dtype or torch.float32
+                vals.append(torch.empty((1,) * len(a.shape or ()), dtype=dt, device="meta"))
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return op.out.dtype
+        common = tensors[0].dtype
+        if len(vals) > 1:
+            common = torch.result_type(vals[0], vals[1]) if len(vals) == 2 else op.out.dtype
+        if op.out.dtype.is_floating_point and not common.is_floating_point:
+            common = op.out.dtype
+        if op.op in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+            common = torch.bool
+        if op.op.startswith("bitwise") and common.is_floating_point:
+            raise NotNative(f"{op.op} on {common}")
+        if common not in DTYPES:
+            raise NotNative(f"computing {op.op} in {common} is not native")
+        return common
+
+    def lower_reduction(self, op: TileOp, ctx: str) -> Node:
+        name = op.op
+        dims = tuple(op.attrs.get("dims", ()))
+        src = op.args[0]
+        shape = tuple(self.graph.specs[src].shape) if isinstance(src, str) else ()
+        if dims != tuple(range(len(shape) - self.m, len(shape))):
+            raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
+        sctx = self.context(shape)
+        if sctx[0] != "col":
+            raise NotNative(f"{name} input shape differs from the tile domain")
+        if len(sctx[2]) != len(shape):
+            raise NotNative(f"{name} reduces a different last dim than the tile")
+        x = self.operand(src, sctx)
+        out = op.out.dtype
+        level = "col" if name in ("softmax", "log_softmax") else "row"
+        if (level == "col") != (ctx[0] == "col"):
+            raise NotNative(f"{name} output shape does not fit the tile domain")
+        if name in ("argmax", "argmin"):
+            # pass 1: the extreme (NaN if any); pass 2: the first column holding it
+            if x.dtype not in FLOATS or out != torch.int64 or (level == "col"):
+                raise NotNative(f"{name} of {x.dtype} is not native yet")
+            ext = self.reduce("max" if name == "argmax" else "min", x, torch.float32)
+            hit = self.node("expr", "col", [x, ext], torch.int64,
+                            fmt="(({0} == {1} || {0} != {0}) ? (int64_t)c : INT64_MAX)")
+            return self.round(self.reduce("min", hit, torch.int64), out, op)
+        if out not in FLOATS and name not in ("sum", "amax", "amin"):
+            raise NotNative(f"{name} in {out} is not native yet")
+        if name == "sum":
+            acc = _compute_dtype(out)
+            x = self.node("op", "col", [x], acc, self.D, op="copy", common=acc) \
+                if acc != x.dtype else x
+            return self.round(self.reduce("sum", x, acc), out, op)
+        if name in ("amax", "amin"):
+            return self.round(self.reduce(name[1:], x, _compute_dtype(x.dtype)), out, op)
+        if name == "mean":
+            return self.round(self.expr("row", "({0} / (float)C)", self.reduce("sum", x)), out, op)
+        if name in ("var", "std"):
+            mean = self.expr("row", "({0} / (float)C)", self.reduce("sum", x))
+            dev = self.expr("col", "({0} - {1})", x, mean)
+            ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
+            corr = float(op.attrs.get("correction", 1.0))
+            fmt = f"({{0}} / (float)std::max<double>((double)C - {corr!r}, 0.0))"
+            v = self.expr("row", fmt, ss)
+            return self.round(self.expr("row", "std::sqrt({0})", v) if name == "std" else v,
+                              out, op)
+        if name in ("softmax", "log_softmax", "logsumexp"):
+            mx = self.reduce("max", x)
+            if name == "logsumexp":
+                safe = self.expr("row", "(std::isinf({0}) ? 0.0f : {0})", mx)
+                s = self.reduce("sum", self.expr("col", "pi_exp({0} - {1})", x, safe))
+                return self.round(self.expr("row", "(std::log({0}) + {1})", s, safe), out, op)
+            shifted = self.expr("col", "({0} - {1})", x, mx)
+            e = self.expr("col", "pi_exp({0})", shifted)
+            s = self.reduce("sum", e)
+            if name == "softmax":
+                return self.round(self.expr("col", "({0} / {1})", e, s), out, op)
+            logs = self.expr("row", "std::log({0})", s)
+            return self.round(self.expr("col", "({0} - {1})", shifted, logs), out, op)
+        raise NotNative(f"reduction {name} is not native yet")
+
+    def round(self, v: Node, dtype, op: TileOp) -> Node:
+        """The value as the op's result: rounded to its dtype."""
+        return self.node("op", v.level, [v], dtype, op.out.shape, op="copy",
+                         common=v.dtype or torch.float32)
+
+
+def analyse(tile: FusionTile, graph: TileGraph) -> Program:
+    return _Analyser(tile, graph).run()
