@@ -57,7 +57,7 @@ from pypto_inductor.ir import OpKind
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ascend_calibration.md"
 DATA = ROOT / "docs" / "ascend_calibration.json"
-THRESHOLD = 1.2  # Config.roi_threshold's default
+THRESHOLD = ascend_a2().default_roi_threshold  # the planner default for ascend-a2
 FORCE = 1e-6  # a threshold every legal merge clears: the "fuse everything" plan
 
 # The A2 model before calibration (hardware.ascend_a2() as first written).

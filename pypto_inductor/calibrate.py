@@ -11,7 +11,11 @@ suite sets it so planner tests do not depend on the machine's timing).
   with the current torch thread count;
 - per-call cost: a trivial native kernel (one element) called through the cpu
   target's ctypes wrapper (output allocation, pointer array, ctypes call), the
-  median over batches of the per-call average.
+  median over batches of the per-call average;
+- compute: a native ``exp`` over a cache-resident buffer with every thread,
+  counted at the ROI model's weight of ``exp`` in flops per element, so the
+  roofline's compute term is what this CPU really sustains on the transcendental
+  math our kernels are made of (not a theoretical FMA peak).
 
 ``python -m pypto_inductor.calibrate`` measures afresh and prints the numbers.
 """
@@ -27,7 +31,7 @@ import warnings
 from pathlib import Path
 
 ENV_OFF = "PYPTO_INDUCTOR_NO_CALIBRATE"
-VERSION = 1
+VERSION = 2
 _TRIVIAL = ('#include <cstdint>\nextern "C" void pi_kernel(void* const* ptrs, const int64_t* meta, '
             'const int64_t* syms, int nt) '
             '{ ((float*)ptrs[1])[0] = ((const float*)ptrs[0])[0] + 1.0f; }\n')
@@ -110,6 +114,44 @@ def measure_call_us(calls: int = 500, batches: int = 7, warmup: int = 2000) -> f
     return statistics.median(per_call)
 
 
+_EXP_KERNEL = r"""
+extern "C" void pi_kernel(void* const* ptrs, const int64_t* meta, const int64_t* syms, int nt) {
+  const float* __restrict__ in = (const float*)ptrs[0];
+  float* __restrict__ out = (float*)ptrs[1];
+  const int64_t n = meta[0];
+  #pragma omp parallel for simd num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = pi_exp(in[i]);
+}
+"""
+
+
+def measure_flops(elems: int = 1 << 17, repeats: int = 31) -> float | None:
+    """Flops per second of the native ``exp`` (at the ROI model's flops per exp)."""
+    import ctypes
+
+    import torch
+
+    from .codegen import cpp_build
+    from .codegen.cpp_prelude import PRELUDE
+    from .fusion.roi import transcendental_flops
+
+    if cpp_build.find_compiler() is None:
+        return None
+    fn = cpp_build.load(PRELUDE + _EXP_KERNEL, "pi_kernel")
+    x, y = torch.randn(elems), torch.empty(elems)
+    ptrs = (ctypes.c_void_p * 2)(x.data_ptr(), y.data_ptr())
+    meta, syms = (ctypes.c_int64 * 1)(elems), (ctypes.c_int64 * 1)(0)
+    threads = torch.get_num_threads()
+    fn(ptrs, meta, syms, threads)
+    torch.testing.assert_close(y, x.exp())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(ptrs, meta, syms, threads)
+        times.append(time.perf_counter() - start)
+    return elems * transcendental_flops("exp") / statistics.median(times)
+
+
 def measure() -> dict:
     """Both numbers, on real tensors even when called while the backend traces (fake mode)."""
     import torch
@@ -120,7 +162,8 @@ def measure() -> dict:
     with unset_fake_temporarily(), _disable_current_modes(), torch.no_grad():
         bw = measure_bandwidth()
         call = measure_call_us()
-    return {"gm_bandwidth_bytes_per_s": bw, "launch_us": call,
+        flops = measure_flops()
+    return {"gm_bandwidth_bytes_per_s": bw, "launch_us": call, "vector_flops_per_s": flops,
             "threads": torch.get_num_threads(), "cpu_model": cpu_model(), "cores": _cores(),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "seconds": round(time.perf_counter() - start, 3)}

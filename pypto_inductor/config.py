@@ -35,7 +35,7 @@ class Config:
     target: str = "cpu"
     hardware: str | None = None  # None: follows the target (npu -> ascend-a2, else host)
     capacity_bytes: int | None = None  # overrides the hardware model's on-chip capacity
-    roi_threshold: float = 1.2
+    roi_threshold: float | None = None  # None: the hardware model's default_roi_threshold
     fusion: bool = True
     dtype_policy: str = "upcast"
     fallback_ops: tuple[str, ...] = ()

@@ -50,6 +50,16 @@ class HardwareModel:
     # ROI model: fixed cost of a kernel that mixes cube and vector work (a matmul
     # with an epilogue; on A2 they run on separate cores and synchronise); 0 on the host.
     cube_epilogue_us: float = 0.0
+    # ROI model: whether memory traffic hides behind compute (the roofline's max) or
+    # adds to it. On the host a streaming kernel's time is close to the sum: the LN +
+    # GELU(tanh) chain at 8192x1024 takes 4.1 ms without its exp, 5.8 ms with it, for a
+    # 3.5 ms memory floor (docs/benchmarks.md has the current figures).
+    memory_overlaps_compute: bool = True
+    # Fuse when roi_score reaches this (unless options say otherwise). 1.2 on ascend-a2,
+    # where the fitted model agrees with pypto's simulator on 93% of decisions
+    # (docs/ascend_calibration.md); 1.1 on the host, whose calibrated model predicts
+    # measured kernel times within about 10-30% (report with profile=True).
+    default_roi_threshold: float = 1.2
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -64,6 +74,7 @@ class HardwareModel:
             "capacity_bytes": self.vector_capacity_bytes,
             "cube_capacity_bytes": self.cube_capacity_bytes,
             "gm_bandwidth_GBps": round(self.gm_bandwidth_bytes_per_s / 1e9, 1),
+            "vector_GFLOPs": round(self.vector_flops_per_s / 1e9, 1),
             "launch_us": self.launch_us,
             "cores": self.cores,
             **{k: v for k, v in self.details},
@@ -196,8 +207,8 @@ def _sysfs_cache_bytes(level: int, default: int) -> int:
 def host() -> HardwareModel:
     """The host CPU: a FusionTile's working set must stay within one core's L2.
 
-    Bandwidth and per-kernel call cost are measured once per machine and cached
-    on disk (:mod:`.calibrate`); ``PYPTO_INDUCTOR_NO_CALIBRATE=1`` keeps the
+    Bandwidth, per-kernel call cost and vector compute rate are measured once per
+    machine and cached on disk (:mod:`.calibrate`); ``PYPTO_INDUCTOR_NO_CALIBRATE=1`` keeps the
     built-in defaults below.
     """
     from . import calibrate
@@ -206,22 +217,26 @@ def host() -> HardwareModel:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     bandwidth = 40e9  # default: measured copy bandwidth on our 2-core machines
     launch_us = 4.0  # default: one Python-level kernel call
+    # default: 8-lane AVX2 FMA (2 flops) on 2 ports per core at ~2.5 GHz
+    flops = cores * 32 * 2.5e9
     source = "built-in"
     numbers = calibrate.host_numbers()
     if numbers:
         bandwidth = float(numbers.get("gm_bandwidth_bytes_per_s") or bandwidth)
         launch_us = float(numbers.get("launch_us") or launch_us)
+        flops = float(numbers.get("vector_flops_per_s") or flops)
         source = f"calibrated {numbers.get('measured_at', '')}".strip()
     return HardwareModel(
         name="host",
         vector_capacity_bytes=l2,
         cube_capacity_bytes=l2,
         gm_bandwidth_bytes_per_s=bandwidth,
-        # 8-lane AVX2 FMA (2 flops) on 2 ports per core at ~2.5 GHz
-        vector_flops_per_s=cores * 32 * 2.5e9,
-        cube_flops_per_s=cores * 32 * 2.5e9,
+        vector_flops_per_s=flops,
+        cube_flops_per_s=cores * 32 * 2.5e9,  # GEMMs run on BLAS at near FMA peak
         launch_us=launch_us,
         cores=cores or 1,
+        memory_overlaps_compute=False,
+        default_roi_threshold=1.1,
         details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
                  ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
     )

@@ -25,6 +25,8 @@ def test_host_uses_cached_calibration(fresh, monkeypatch):
     entry = data[calibrate.machine_key()]
     assert hw.gm_bandwidth_bytes_per_s == entry["gm_bandwidth_bytes_per_s"] > 1e8
     assert hw.launch_us == entry["launch_us"] > 0
+    # the native exp's rate, well below the FMA peak the built-in default assumes
+    assert 1e8 < hw.vector_flops_per_s == entry["vector_flops_per_s"] < hw.cube_flops_per_s
     assert dict(hw.details)["source"].startswith("calibrated")
     # second use: read from disk, nothing measured again
     hardware.host.cache_clear()

@@ -205,7 +205,8 @@ def test_masked_fill_constant_folds_into_one_kernel(dtype, run_both):
 
 
 # --- invariants of every plan -------------------------------------------------------------
-def _check_plan_invariants(plan, threshold=1.2):
+def _check_plan_invariants(plan, threshold=None):
+    threshold = threshold or plan.hardware.default_roi_threshold
     graph = plan.graph
     kernel_ops = [n for n in graph.nodes if isinstance(n, TileOp) and n.kind is not OpKind.LAYOUT]
     in_tiles = [op for t in plan.tiles for op in t.ops if op.kind is not OpKind.LAYOUT]
@@ -376,6 +377,6 @@ def test_random_programs_under_random_options():
         torch.testing.assert_close(out, f(*args), atol=1e-5, rtol=1e-5)
         for g in graphs:
             if g.plan is not None:
-                _check_plan_invariants(g.plan, opts.get("roi_threshold", 1.2))
+                _check_plan_invariants(g.plan, opts.get("roi_threshold"))
 
     check()

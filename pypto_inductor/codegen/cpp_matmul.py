@@ -51,11 +51,13 @@ def _plan(tile: FusionTile, graph: TileGraph):
     """(matmul op, epilogue FusionTile or None, its graph, input sources, output getters)."""
     from .cpp_analysis import NotNative
 
-    mm, epi = tile.ops[0], tile.ops[1:]
-    if mm.kind is not OpKind.MATMUL or mm.op != "matmul":
-        raise NotNative("a matmul tile must start with its matmul")
-    if any(op.kind is OpKind.MATMUL for op in epi):
-        raise NotNative("two matmuls in one tile")
+    mms = [op for op in tile.ops if op.kind is OpKind.MATMUL]
+    if len(mms) != 1 or mms[0].op != "matmul":
+        raise NotNative("a matmul tile needs exactly one matmul")
+    mm = mms[0]
+    # the epilogue: every other op, including those before the matmul in the tile's
+    # order (a sibling branch such as silu(gate) that meets the matmul result later)
+    epi = [op for op in tile.ops if op is not mm]
     if not all(isinstance(a, str) and a in tile.inputs for a in mm.args) or len(mm.args) != 2:
         raise NotNative("a matmul operand is computed inside the tile")
     if mm.attrs:

@@ -92,8 +92,9 @@ PI_INLINE float pi_erf(float x) {
 }
 PI_INLINE float pi_gelu(float x) { return 0.5f * x * (1.0f + pi_erf(x * 0.70710678118654752f)); }
 PI_INLINE float pi_gelu_tanh(float x) {
+  // 0.5 * (1 + tanh(z)) == sigmoid(2z): one exp and one division, no polynomial branch
   const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + pi_tanh(inner));
+  return x / (1.0f + pi_exp(-2.0f * inner));
 }
 template <typename T> PI_INLINE T pi_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> PI_INLINE T pi_min(T a, T b) { return (a < b || a != a) ? a : b; }

@@ -86,6 +86,8 @@ class _Planner:
         self.graph = graph
         self.hw = hw
         self.config = config
+        self.threshold = (config.roi_threshold if config.roi_threshold is not None
+                          else hw.default_roi_threshold)
         self.cost = CostModel(graph, hw)
         self.order = {id(n): i for i, n in enumerate(graph.nodes)}
         # Units: each schedulable thing. Fusable ops start in their own group.
@@ -244,7 +246,7 @@ class _Planner:
 
     def run(self) -> list[Decision]:
         decisions: list[Decision] = []
-        threshold = self.config.roi_threshold
+        threshold = self.threshold
         while self.config.fusion:
             succ, pred = self.group_edges()
             best = None
@@ -285,7 +287,7 @@ class _Planner:
             if not self.config.fusion:
                 why = "fusion disabled (fusion=False)"
             elif why is None:
-                why = f"roi_score {roi.roi_score:.2f} < roi_threshold {self.config.roi_threshold}"
+                why = f"roi_score {roi.roi_score:.2f} < roi_threshold {self.threshold}"
             out.append(Decision(p.name, c.name, False, why, roi))
         return out
 

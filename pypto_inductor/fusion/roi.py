@@ -1,6 +1,8 @@
 """The ROI model: roofline time of a kernel, and the score of a candidate merge.
 
 t(kernel) = launch + max(global-memory bytes / bandwidth, flops / peak)
+(the sum of the two terms on hardware whose memory traffic does not hide behind
+compute: ``hw.memory_overlaps_compute``, False on the host)
 roi_score = (t(producer) + t(consumer)) / t(merged)
 
 Hardware models may add terms (0/None on the host; fitted for ascend-a2 in
@@ -27,6 +29,14 @@ _TRANSCENDENTAL = {
     "logsumexp": 12, "var": 4, "std": 5, "atan2": 12, "asin": 10, "acos": 10, "atan": 10,
     "sinh": 10, "cosh": 10, "asinh": 10, "acosh": 10, "atanh": 10, "hypot": 6,
 }
+
+
+_CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
+
+
+def transcendental_flops(op: str) -> int:
+    """The model's flops per element of a tile op (1 for an add)."""
+    return _TRANSCENDENTAL.get(op, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +108,9 @@ class CostModel:
             elems = self.graph.hint(self.graph.specs[op.args[0]].numel)
         else:
             elems = self.graph.hint(op.out.numel)
-        return elems * _TRANSCENDENTAL.get(op.op, 1)
+        if op.op == "pow" and op.args[-1] in _CHEAP_POWERS:
+            return elems  # x*x, sqrt(x), 1/x, ...: what the kernels emit for these powers
+        return elems * transcendental_flops(op.op)
 
     def elems(self, op: TileOp) -> int:
         """Elements of the op's iteration domain (a reduction iterates over its input)."""
@@ -137,7 +149,8 @@ class CostModel:
         if self.hw.vector_elems_per_s:  # a pass over the iteration domain (see hardware.py)
             elems = max(self.op_elems[id(op)] for op in ops)
             compute_s = max(compute_s, elems / self.hw.vector_elems_per_s)
-        seconds = max(memory_s, compute_s)
+        seconds = (max(memory_s, compute_s) if self.hw.memory_overlaps_compute
+                   else memory_s + compute_s)
         fixed = self.hw.launch_us
         if self.hw.op_us:
             fixed += self.hw.op_us * sum(1 for op in ops if not op.is_view)
