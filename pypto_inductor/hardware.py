@@ -60,6 +60,11 @@ class HardwareModel:
     # (docs/ascend_calibration.md); 1.1 on the host, whose calibrated model predicts
     # measured kernel times within about 10-30% (report with profile=True).
     default_roi_threshold: float = 1.2
+    # ROI model: a matmul kernel's epilogue re-reads the GEMM result from memory (the
+    # host's BLAS writes it, then one native pass runs the epilogue), so fusing an
+    # epilogue into a matmul saves a launch but no traffic; on Ascend the epilogue
+    # reads the cube's output on chip.
+    matmul_epilogue_reads_gm: bool = False
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -237,6 +242,7 @@ def host() -> HardwareModel:
         cores=cores or 1,
         memory_overlaps_compute=False,
         default_roi_threshold=1.1,
+        matmul_epilogue_reads_gm=True,
         details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
                  ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
     )

@@ -67,6 +67,8 @@ class Access:
     dims: tuple
     col: bool  # read per element (else once per row)
     frame: tuple = ()
+    offset: Any = None  # a cat part's read: its first column in the cat (read at c - offset)
+    row_shift: tuple = ()  # a row cat's part: (frame dim, first index there), read clamped
 
 
 @dataclasses.dataclass
@@ -80,6 +82,7 @@ class Program:
     outputs: list  # (Node, spec)
     fast: list  # per access: "unit", "bcast" or "strided" (expected column layout)
     symbols: list
+    cat_bounds: list = dataclasses.field(default_factory=list)  # column cats: part ends
 
 
 def _compute_dtype(dt):
@@ -143,6 +146,14 @@ class _Analyser:
         self.loads: dict[tuple, Node] = {}
         self.slot = {name: i for i, name in enumerate(tile.inputs)}
         self.input_views: dict[str, tuple] = {}  # view -> (input, shape, input dim per dim)
+        # cats: the ops computed only for their parts are lowered once per part
+        # (``shift``: the cat dim, the part's first index there, the cat's shape)
+        self.ops = {op.name: op for op in tile.ops}
+        self.deferred: set[str] = set()
+        self.shift: tuple | None = None
+        self.part_env: dict[tuple, Node] = {}
+        self.cat_bounds: list | None = None
+        self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
@@ -169,6 +180,13 @@ class _Analyser:
         """
         shape = tuple(shape)
         D, m = self.D, self.m_red
+        if self.shift is not None:  # a value feeding a cat part: the part's shape
+            axis, _, full = self.shift
+            if len(shape) != len(full) or not all(
+                    _same(x, y) for e, (x, y) in enumerate(zip(shape, full)) if e != axis):
+                raise NotNative(f"a value of shape {list(shape)} feeds a cat part of "
+                                f"{list(full)} along dim {axis}")
+            return ("col", shape, shape, 0)
         if shape == D:
             return ("col", shape, shape, 0)
         if not m:
@@ -225,7 +243,15 @@ class _Analyser:
                     raise NotNative(f"input {name} is not constant along the reduced dims")
         if kind != "col":
             dims = [None if e >= nf - m else j for e, j in enumerate(dims)]
-        access = Access(self.slot[name], tuple(dims), kind == "col", tuple(frame))
+        offset, row_shift = None, ()
+        if self.shift is not None:
+            axis, off, full = self.shift
+            if axis == len(full) - 1:
+                offset = off
+            else:
+                row_shift = (axis, off)
+        access = Access(self.slot[name], tuple(dims), kind == "col", tuple(frame), offset,
+                        row_shift)
         if access not in self.accesses:
             self.accesses[access] = len(self.access_list)
             self.access_list.append(access)
@@ -242,6 +268,8 @@ class _Analyser:
                 return Lit(a)
             raise NotNative(f"operand {a!r} is not a tensor or scalar")
         kind, out_shape = ctx[:2]
+        if a in self.deferred:
+            return self.lower_part(a)
         if a in self.input_views:  # a tile input seen through a view adding/removing 1s
             src, vshape, vdims = self.input_views[a]
             if len(vshape) > len(out_shape):
@@ -250,6 +278,8 @@ class _Analyser:
         if a not in self.env:
             return self.load(a, ctx)
         v = self.env[a]
+        if self.shift is not None and v.level == "col":
+            raise NotNative(f"a cat part reads {a}, computed over the whole tile")
         if v.level == "col" and kind != "col":
             raise NotNative("a per-row value depends on a per-element one")
         if v.level == "row":
@@ -316,7 +346,9 @@ class _Analyser:
             dt = graph.specs[name].dtype
             if dt not in DTYPES:
                 raise NotNative(f"dtype {dt} is not in the native slice")
-        dom = group_domain(tile.ops, graph)
+        self.deferred = self.cat_part_ops()
+        dom_ops = [op for op in tile.ops if op.name not in self.deferred]
+        dom = group_domain(dom_ops, graph)
         self.D = tuple(dom.shape)
         n = len(self.D)
         axes = tuple(dom.reduce_axes)
@@ -328,7 +360,7 @@ class _Analyser:
         # pointwise tile the shortest last dim (longer ones are split, see split_last)
         self.col_len = self.D[-1] if n and self.m == 1 else None
         if n and not axes:
-            shapes = [op.out.shape for op in tile.ops] + [
+            shapes = [op.out.shape for op in dom_ops] + [
                 graph.specs[a].shape for op in tile.ops if op.op == "view"
                 for a in op.inputs if a in self.slot]
             lasts = [_core(s)[-1] for s in shapes if _core(s)]
@@ -336,7 +368,7 @@ class _Analyser:
             if self.col_len is not None:
                 self.D = self.split_last(_core(self.D))
                 n = len(self.D)
-        for op in tile.ops:
+        for op in dom_ops:
             v = self.lower(op)
             if v is not None:
                 self.env[op.name] = v
@@ -347,12 +379,80 @@ class _Analyser:
         m = self.m if axes else self.pointwise_columns()
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
                        [graph.specs[i] for i in tile.inputs], outputs,
-                       [self.classify(a, m) for a in self.access_list], graph.symbols)
+                       [self.classify(a, m) for a in self.access_list], graph.symbols,
+                       list(self.cat_bounds or []))
+
+    # --- cat along the columns --------------------------------------------------------
+    def cat_part_ops(self) -> set:
+        """Pointwise ops computed only to feed cat parts (directly or through each other):
+        lowered per part, at the part's columns, not over the tile's domain."""
+        users: dict[str, list] = {op.name: [] for op in self.tile.ops}
+        for op in self.tile.ops:
+            for a in op.inputs:
+                if a in users:
+                    users[a].append(op)
+        out: set[str] = set()
+        for op in reversed(self.tile.ops):
+            if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) \
+                    and op.name not in self.tile.outputs and users[op.name] \
+                    and all(u.op == "cat" or u.name in out for u in users[op.name]):
+                out.add(op.name)
+        return out
+
+    def lower_part(self, name: str) -> Node:
+        """A deferred op (see :meth:`cat_part_ops`) at the current cat part's columns."""
+        key = (name, self.shift)
+        if key not in self.part_env:
+            self.part_env[key] = self.lower(self.ops[name])
+        return self.part_env[key]
+
+    def lower_cat(self, op: TileOp, ctx: tuple) -> Node:
+        """cat along the tile's columns: out[.., c] = part k at c - offset k for c in part
+        k's columns. The column loop runs one segment per part (``Program.cat_bounds``),
+        where the cat is that part's value; every column cat of a tile splits alike.
+        Along a row dim d of the domain: each part's row index is i_d - offset clamped into
+        the part (in bounds), and the cat selects on i_d (constant along the row)."""
+        shape, dim = tuple(op.out.shape), op.attrs["dim"]
+        kind, _, frame, cut = ctx
+        n = len(self.D)
+        row = dim < len(shape) - 1  # along a leading dim: a select on the row index
+        if self.shift is not None or kind != "col" or cut or tuple(frame) != shape or (
+                row and (not _same_shape(shape, self.D) or dim >= n - max(self.m_red, 1))) \
+                or (not row and (not _same(shape[-1], self.D[-1]) or self.m_red > 1)):
+            raise NotNative(f"cat along dim {dim} of {list(shape)} is not native yet "
+                            f"(only along the tile's columns or its row dims)")
+        if not all(isinstance(a, str) for a in op.args):
+            raise NotNative("cat of a scalar")
+        parts = [a for a in op.args if not _same(self.graph.specs[a].shape[dim], 0)]
+        args, bounds, off = [], [], sympy.Integer(0)
+        for a in parts or op.args[:1]:  # empty parts are never read
+            part = tuple(self.graph.specs[a].shape)
+            self.shift = (dim, off, shape)
+            try:
+                args.append(self.operand(a, self.context(part)))
+            finally:
+                self.shift = None
+            off = off + sympy.sympify(part[dim])
+            bounds.append(off)
+        bounds = bounds[:-1]
+        if row:  # each part's rows read clamped into it, the select per row
+            self.row_cat_dims.append(dim)
+            return self.node("op", "col", args, op.out.dtype, shape, op="cat",
+                             common=op.out.dtype, dim=dim, row_bounds=bounds)
+        if self.cat_bounds is None:
+            self.cat_bounds = bounds
+        elif len(bounds) != len(self.cat_bounds) or \
+                not all(_same(x, y) for x, y in zip(bounds, self.cat_bounds)):
+            raise NotNative("cats splitting the columns differently are not native yet")
+        return self.node("op", "col", args, op.out.dtype, shape, op="cat",
+                         common=op.out.dtype, dim=dim)
 
     def pointwise_columns(self) -> int:
         n = len(self.D)
         top = n  # the trailing dims every frame shares with the domain
         for a in self.access_list:
+            if a.offset is not None or a.row_shift:  # a cat part's read: the part's frame
+                continue
             k = 0
             while k < min(top, len(a.frame)) and \
                     _same(a.frame[len(a.frame) - 1 - k], self.D[n - 1 - k]):
@@ -361,6 +461,10 @@ class _Analyser:
         if n and not top:
             raise NotNative("a reshape inside the tile changes its last dim "
                             f"({sorted({str(list(a.frame)) for a in self.access_list})})")
+        if self.cat_bounds is not None:  # the column index is the cat's
+            return min(top, 1)
+        if self.row_cat_dims:  # a row cat's dim stays a row dim
+            top = min(top, n - 1 - max(self.row_cat_dims))
         for m in range(top, 1, -1):
             if all(not a.col or self.classify(a, m) != "strided" for a in self.access_list):
                 return m
@@ -391,6 +495,8 @@ class _Analyser:
         if op.op == "view":
             return self.lower_view(op)
         ctx = self.context(tuple(op.out.shape))
+        if op.op == "cat":
+            return self.lower_cat(op, ctx)
         if op.kind is OpKind.REDUCTION:
             return self.lower_reduction(op, ctx)
         if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):

@@ -232,6 +232,7 @@ class _Emitter:
             self.stage[x.id] = s + 1 if x.kind == "reduce" else s
         self.passes = max((self.stage[x.id] for x in nodes if x.kind == "reduce"
                            and x.id in needed), default=0)
+        self.seg = 0  # the column segment (cat part) being emitted, see Program.cat_bounds
 
     def w(self, line: str) -> None:
         self.lines.append(line)
@@ -269,6 +270,11 @@ class _Emitter:
                 if j is not None and mult != 1:
                     e = f"({e} * {size(mult)})"
                 w(f"  const int64_t a{k}_{d} = {e};")
+            if a.offset is not None:
+                w(f"  const int64_t co{k} = {size(a.offset)}; (void)co{k};")
+            if a.row_shift:  # a row cat's part: its first index and length along the dim
+                e, off = a.row_shift
+                w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
             if a.col and p.fast[k] != "strided":
                 contiguous = "1"
                 for d in range(n - 1, self.outer - 1, -1):
@@ -280,7 +286,7 @@ class _Emitter:
         frames: list[tuple] = []
         for k, a in enumerate(p.accesses):
             rows = self.frame_rows(k)
-            if rows == tuple(p.shape[:self.outer]):
+            if rows == tuple(p.shape[:self.outer]) or a.row_shift:
                 self.frame_of[k] = None
                 continue
             if rows not in frames:
@@ -290,6 +296,11 @@ class _Emitter:
                     w(f"  const int64_t F{g}_{e} = {size(sz)}; (void)F{g}_{e};")
             self.frame_of[k] = frames.index(rows)
         has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
+        for s, b in enumerate(getattr(p, "cat_bounds", None) or []):
+            w(f"  const int64_t CB{s + 1} = {size(b)};")
+        for x in p.nodes:
+            for s, b in enumerate(x.attrs.get("row_bounds", ()) if x.kind == "op" else ()):
+                w(f"  const int64_t RB{x.id}_{s} = {size(b)};")
         w(f"  const bool fast = {' && '.join(fast_checks) or 'true'};")
         if has_fast:
             w("  (void)fast;")
@@ -313,6 +324,9 @@ class _Emitter:
             g = self.frame_of[k]
             idx = [f"i{d}" for d in range(self.outer)] if g is None else \
                 [f"i{g}_{e}" for e in range(len(self.frame_rows(k)))]
+            if a.row_shift:  # the part's row, clamped into it (the select picks the part)
+                e = a.row_shift[0]
+                idx[e] = f"std::min<int64_t>(std::max<int64_t>(i{e} - ro{k}, 0), rn{k} - 1)"
             base = " + ".join(f"{i} * a{k}_{e}" for e, i in enumerate(idx)) or "0"
             w(f"    const int64_t b{k} = {base};")
         self.body(has_fast)
@@ -349,21 +363,30 @@ class _Emitter:
             k = x.attrs["access"]
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
             rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
+        elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
+            rhs = conv(self.var(x.args[-1]), x.args[-1].dtype, x.dtype)
+            for s in range(len(x.args) - 2, -1, -1):
+                a = conv(self.var(x.args[s]), x.args[s].dtype, x.dtype)
+                rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {a} : {rhs})"
+        elif x.kind == "op" and x.attrs["op"] == "cat":  # this segment's part
+            a = x.args[self.seg]
+            rhs = conv(self.var(a), a.dtype, x.dtype)
         else:
             rhs = _expr(x, self.var)
         self.w(f"{ind}const {ctype(x.dtype)} {self.var(x)} = {rhs};")
 
     def col_offset(self, k: int, path: str) -> str:
         p = self.p
+        c = "c" if p.accesses[k].offset is None else f"(c - co{k})"  # a cat part's column
         if path == "fast":
             kind = p.fast[k]
             if kind == "unit":
-                return "c"
+                return c
             if kind == "bcast":
                 return "0"
-            return f"c * {self.stride(k, self.n - 1)}" if p.m >= 1 else "0"
+            return f"{c} * {self.stride(k, self.n - 1)}" if p.m >= 1 else "0"
         if p.m == 1:
-            return f"c * {self.stride(k, self.n - 1)}"
+            return f"{c} * {self.stride(k, self.n - 1)}"
         return " + ".join(f"j{d} * {self.stride(k, d)}" for d in range(self.outer, self.n)) or "0"
 
     def col_deps(self, targets) -> list:
@@ -373,7 +396,10 @@ class _Emitter:
             x = stack.pop()
             if x.level == "col" and x.id not in seen:
                 seen.add(x.id)
-                stack += [a for a in x.args if hasattr(a, "id")]
+                args = x.args
+                if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
+                    args = [args[self.seg]]
+                stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
     def loop(self, has_fast: bool, targets, tail) -> None:
@@ -386,25 +412,31 @@ class _Emitter:
             if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                 clauses.append(f"reduction(|:nan{x.id})")
         pragma = "      #pragma omp simd " + " ".join(clauses)
-        deps = self.col_deps([a for x in reductions for a in x.args] + [
-            x for x in targets if x.kind != "reduce"])
         paths = ["fast", "generic"] if has_fast else ["generic"]
+        segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
         for path in paths:
             if path == "fast":
                 self.w("    if (fast) {")
             else:
                 self.w("    else {" if has_fast else "    {")
-            self.w(pragma)
-            self.w("      for (int64_t c = c0; c < c1; ++c) {")
-            if path == "generic" and self.p.m > 1:
-                self.w("        int64_t u = c; (void)u;")
-                for d in range(self.n - 1, self.outer - 1, -1):
-                    self.w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
-            for x in deps:
-                self.define(x, "        ", col=True, path=path)
-            for line in tail(path):
-                self.w("        " + line)
-            self.w("      }")
+            for s in range(segs):  # column cats: one loop per part, over its columns
+                self.seg = s
+                deps = self.col_deps([a for x in reductions for a in x.args] + [
+                    x for x in targets if x.kind != "reduce"])
+                lo = "c0" if s == 0 else f"std::max<int64_t>(c0, CB{s})"
+                hi = "c1" if s == segs - 1 else f"std::min<int64_t>(c1, CB{s + 1})"
+                self.w(pragma)
+                self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
+                if path == "generic" and self.p.m > 1:
+                    self.w("        int64_t u = c; (void)u;")
+                    for d in range(self.n - 1, self.outer - 1, -1):
+                        self.w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
+                for x in deps:
+                    self.define(x, "        ", col=True, path=path)
+                for line in tail(path):
+                    self.w("        " + line)
+                self.w("      }")
+            self.seg = 0
             self.w("    }")
 
     def body(self, has_fast: bool) -> None:

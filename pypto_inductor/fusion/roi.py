@@ -143,6 +143,9 @@ class CostModel:
         gm = sum(self.read_bytes(n) for n in inputs) + sum(self.value_bytes[n] for n in outputs)
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
+        epilogue = cube and any(op.kind is not OpKind.MATMUL and not op.is_view for op in ops)
+        if epilogue and self.hw.matmul_epilogue_reads_gm:  # the GEMM result, written and read
+            gm += sum(2 * self.value_bytes[op.name] for op in ops if op.kind is OpKind.MATMUL)
         peak = self.hw.cube_flops_per_s if cube else self.hw.vector_flops_per_s
         memory_s = gm / self.hw.gm_bandwidth_bytes_per_s
         compute_s = flops / peak
@@ -154,8 +157,7 @@ class CostModel:
         fixed = self.hw.launch_us
         if self.hw.op_us:
             fixed += self.hw.op_us * sum(1 for op in ops if not op.is_view)
-        if cube and self.hw.cube_epilogue_us and any(
-                op.kind is not OpKind.MATMUL and not op.is_view for op in ops):
+        if epilogue and self.hw.cube_epilogue_us:
             fixed += self.hw.cube_epilogue_us
         bound = ("launch" if fixed > seconds * 1e6
                  else "memory" if memory_s >= compute_s else "compute")
