@@ -157,6 +157,11 @@ def _memory_bound_tiles(name, fn, inputs, target: str, repeats: int) -> list[dic
     return rows
 
 
+def _md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def machine() -> str:
     return f"{calibrate.cpu_model()}, {os.cpu_count()} cores"
 
@@ -265,9 +270,7 @@ def main(argv=None) -> int:
             "the same directories after `torch._dynamo.reset()` and in-process caches "
             "cleared (Inductor's `clear_caches()`, pypto's loaded-library table). The host "
             "calibration (once per machine) ran before timing.", "",
-            "| " + " | ".join(cols) + " |",
-            "|" + "---|" * len(cols),
-            *("| " + " | ".join(r) + " |" for r in rows), "",
+            *_md_table(cols, rows), "",
             f"Geometric mean speedup of pypto over Inductor (Inductor time / pypto time): "
             f"**{geo:.2f}** over {len(ratios)} cases.", "",
             "## Memory-bound FusionTiles", "",
@@ -277,9 +280,7 @@ def main(argv=None) -> int:
             "output allocation included). GB/s is the tile's GM bytes (inputs read once, "
             "outputs written once) over its time; `% copy` is against the copy bandwidth "
             "above.", "",
-            "| " + " | ".join(tile_cols) + " |",
-            "|" + "---|" * len(tile_cols),
-            *("| " + " | ".join(r) + " |" for r in tile_table), "",
+            *_md_table(tile_cols, tile_table), "",
         ]
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))
