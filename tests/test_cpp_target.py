@@ -141,6 +141,31 @@ def test_permute_inside_graph(built):
     check(lambda x, y: (x.permute(1, 0) + y).relu(), rand(64, 32), rand(32, 64), built=built)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_transposed_reads_in_row_blocks(dtype, built):
+    """Strided inputs run in blocks of cpp_emit.BLOCK_ROWS x BLOCK_COLS: sizes with partial
+    blocks on both sides, several work items (both threads), a broadcast operand."""
+    from pypto_inductor.codegen import cpp_emit
+
+    assert (cpp_emit.BLOCK_ROWS, cpp_emit.BLOCK_COLS) != (1, 1)
+    check(lambda x, b: x.transpose(1, 2) * b + 1.0, rand(3, 150, 97, dtype=dtype),
+          rand(150, dtype=dtype), built=built)
+    check(lambda q: q.view(4, 37, 5, 24).permute(0, 2, 3, 1).contiguous(),
+          rand(4, 37, 120, dtype=dtype), built=built)  # attention's K^T copy
+
+
+def test_transposed_reads_dynamic_sizes(built, tol):
+    fn = lambda x: torch.relu(x.transpose(0, 1)) - 0.5  # noqa: E731
+    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
+                             dynamic=True)
+    compiles = cpp_build.stats["compiles"]
+    with torch.no_grad():
+        for rows, cols in ((70, 45), (129, 200)):
+            x = rand(rows, cols)
+            torch.testing.assert_close(compiled(x), fn(x), **tol(torch.float32))
+    assert cpp_build.stats["compiles"] - compiles <= 1
+
+
 # --- reductions ----------------------------------------------------------------------
 REDUCTIONS = {
     "sum": lambda x: x.sum(-1), "mean": lambda x: x.mean(-1, keepdim=True),

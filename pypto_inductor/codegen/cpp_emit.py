@@ -23,6 +23,11 @@ from .sizes import is_symbolic
 _PRINTER = CppPrinter()
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 PARALLEL_MIN = 32768  # fewer elements run on one thread
+# Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
+# BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
+# reads. Attention's K^T copy ([4,4,64,128] from a [4,128,768] slice): 109 us unblocked,
+# 97 us at 16x64, 64-74 us at 64x32 (eager's contiguous(): 109-111 us).
+BLOCK_ROWS, BLOCK_COLS = 64, 32
 
 STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "uint16_t",
            torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
@@ -307,11 +312,22 @@ class _Emitter:
         chunk = "C" if p.reduction else f"std::min<int64_t>(C, {POINTWISE_CHUNK})"
         w(f"  const int64_t CH = std::max<int64_t>({chunk}, 1);")
         nch = "1" if p.reduction else "(C + CH - 1) / CH"  # a reduction of nothing still writes
-        w(f"  const int64_t NCH = {nch}, W = R * NCH;")
+        blocked = not p.reduction and any(
+            a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
+        rows_per_item = f"((R + {BLOCK_ROWS} - 1) / {BLOCK_ROWS})" if blocked else "R"
+        w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
         w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
           f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
-        w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
+        if blocked:
+            w(f"   const int64_t rb0 = (wi / NCH) * {BLOCK_ROWS}, "
+              f"rb1 = std::min<int64_t>(rb0 + {BLOCK_ROWS}, R);")
+            w("   const int64_t cc0 = (wi % NCH) * CH, cc1 = std::min(cc0 + CH, C);")
+            w(f"   for (int64_t cb = cc0; cb < cc1; cb += {BLOCK_COLS})")
+            w("   for (int64_t r = rb0; r < rb1; ++r) {")
+            w(f"    const int64_t c0 = cb, c1 = std::min<int64_t>(cb + {BLOCK_COLS}, cc1);")
+        else:
+            w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
         w("    (void)c0; (void)c1;")
         w("    int64_t t = r; (void)t;")
         for d in range(self.outer - 1, -1, -1):
@@ -330,6 +346,8 @@ class _Emitter:
             base = " + ".join(f"{i} * a{k}_{e}" for e, i in enumerate(idx)) or "0"
             w(f"    const int64_t b{k} = {base};")
         self.body(has_fast)
+        if blocked:
+            w("   }")
         w("  }")
         w("}")
         return "\n".join(self.lines) + "\n"
