@@ -1,4 +1,4 @@
-"""Calibrated host numbers for the ROI model: copy bandwidth and per-kernel call cost.
+"""Calibrated host numbers for the ROI model: copy bandwidth, per-call cost, compute rate.
 
 Measured once per machine on first use of :func:`hardware.host` (well under a
 second) and cached on disk as JSON under ``$PYPTO_INDUCTOR_CACHE_DIR`` (default

@@ -247,6 +247,12 @@ def test_ascend_model_reads_pypto_ini(monkeypatch):
 
 
 # --- dynamic sizes: rows from the graph's size symbols, one kernel source for every size ------
+def _simulate_both_sizes(out: dict) -> dict:
+    """name -> (kernel, small, large) to name -> (kernel, small, large, their results)."""
+    results = iter(pypto_sim.simulate_kernels([k for _, s, l in out.values() for k in (s, l)]))
+    return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
+
+
 def _dynamic_tiles(fn, x, *rest):
     """FusionTiles of ``fn`` with x's leading two dims dynamic (the trailing one static)."""
     torch._dynamo.mark_dynamic(x, 0)
@@ -265,7 +271,7 @@ DYNAMIC = {
 @pytest.fixture(scope="module")
 def dynamic_runs(sim_cache):
     """Each dynamic kernel simulated at two sizes in one batch: name -> (kernel, results)."""
-    kernels, out = [], {}
+    out = {}
     for name, fn in DYNAMIC.items():
         plan, x_shape = _dynamic_tiles(fn, _x(4, 48, C), _x(C))
         (tile,) = plan.tiles
@@ -275,9 +281,7 @@ def dynamic_runs(sim_cache):
         small = kernel.at_sizes({rows[0]: 2, rows[1]: 50})
         large = kernel.at_sizes({rows[0]: 8, rows[1]: 512})
         out[name] = (kernel, small, large)
-        kernels += [small, large]
-    results = iter(pypto_sim.simulate_kernels(kernels))
-    return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
+    return _simulate_both_sizes(out)
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC))
@@ -339,7 +343,7 @@ DYNAMIC_COLUMNS = {
 
 @pytest.fixture(scope="module")
 def dynamic_column_runs(sim_cache):
-    kernels, out = [], {}
+    out = {}
     for name, (fn, inputs, (small, large)) in DYNAMIC_COLUMNS.items():
         plan = _plan(fn, *inputs())
         (tile,) = plan.tiles
@@ -350,9 +354,7 @@ def dynamic_column_runs(sim_cache):
         k_small = kernel.at_sizes(dict(zip(syms, small)))
         k_large = kernel.at_sizes(dict(zip(syms, large)))
         out[name] = (kernel, k_small, k_large)
-        kernels += [k_small, k_large]
-    results = iter(pypto_sim.simulate_kernels(kernels))
-    return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
+    return _simulate_both_sizes(out)
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC_COLUMNS))

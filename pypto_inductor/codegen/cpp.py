@@ -8,7 +8,7 @@ through the cached compiler driver (:mod:`.cpp_build`) and returns
 their functions together as a few shared libraries built concurrently (what the
 runtime uses). Matmul tiles keep the GEMM on torch's BLAS and run their
 elementwise epilogue as one native pass (:mod:`.cpp_matmul`). Tiles outside the
-native slice (non-trailing reductions, cat, ...) run the reference executor for
+native slice (non-trailing reductions, float64, ...) run the reference executor for
 that tile, without a warning; the kernel's ``native``/``reason`` attributes say
 so. Large outputs are allocated with huge pages advised (:mod:`.host_alloc`).
 """
