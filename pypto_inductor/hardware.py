@@ -65,6 +65,9 @@ class HardwareModel:
     # epilogue into a matmul saves a launch but no traffic; on Ascend the epilogue
     # reads the cube's output on chip.
     matmul_epilogue_reads_gm: bool = False
+    # ROI model: the matmul's first epilogue op, a bias add, runs inside the GEMM (the
+    # host's BLAS adds it as addmm/baddbmm do), so it costs no pass of its own.
+    matmul_bias_in_gemm: bool = False
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -243,6 +246,7 @@ def host() -> HardwareModel:
         memory_overlaps_compute=False,
         default_roi_threshold=1.1,
         matmul_epilogue_reads_gm=True,
+        matmul_bias_in_gemm=True,
         details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
                  ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
     )

@@ -225,6 +225,37 @@ class FusionTile:
         return "\n".join(lines)
 
 
+def gemm_bias_add(ops: list[TileOp], specs: dict, outputs) -> TileOp | None:
+    """The op of ``ops`` a GEMM can apply as its bias (torch.addmm / baddbmm), or None.
+
+    That is an ``add`` of the group's one 2-D or 3-D matmul result and a value from
+    outside the group of the same dtype that broadcasts to the result, when nothing
+    else reads the bare product (``outputs``: the values the group writes out).
+    """
+    mms = [op for op in ops if op.kind is OpKind.MATMUL]
+    if len(mms) != 1 or mms[0].op != "matmul" or mms[0].name in outputs:
+        return None
+    mm = mms[0]
+    shape = tuple(mm.out.shape)
+    if len(shape) not in (2, 3) or any(len(specs[a].shape) != len(shape) for a in mm.args):
+        return None
+    users = [op for op in ops if mm.name in op.args]
+    if len(users) != 1 or users[0].op != "add" or users[0].attrs or len(users[0].args) != 2:
+        return None
+    add = users[0]
+    bias = add.args[1] if add.args[0] == mm.name else add.args[0]
+    if not isinstance(bias, str) or bias == mm.name or any(op.name == bias for op in ops):
+        return None
+    spec = specs[bias]
+    trailing = tuple(spec.shape)[::-1]
+    if spec.dtype != mm.out.dtype or add.out.dtype != mm.out.dtype \
+            or len(trailing) > len(shape) or tuple(add.out.shape) != shape:
+        return None
+    if any(b != 1 and b != s for b, s in zip(trailing, shape[::-1])):
+        return None
+    return add
+
+
 def op_name(fn: Any) -> str:
     """'aten.gelu.default' for torch.ops.aten.gelu.default; str() otherwise."""
     if isinstance(fn, torch._ops.OpOverload):

@@ -180,6 +180,22 @@ def test_matmul_epilogues_fuse(run_both):
     assert rejected and not any(d["fused"] for d in rejected)
 
 
+def test_gemm_bias_fuses_next_to_a_long_gemm(run_both):
+    """The host's GEMM adds the bias (addmm): the pass it saves is scored against the
+    pass, not diluted by the GEMM's compute (roi common_us), so even the attention's wide
+    QKV projection takes its bias."""
+    torch.manual_seed(0)
+    run = run_both(models.TransformerBlock(128, 4, 512).eval(), torch.randn(2, 64, 128))
+    plan = _plans(run)[0]
+    qkv = next(t for t in plan.tiles if t.kind is OpKind.MATMUL
+               and t.ops[0].out.shape[-1] == 3 * 128)
+    assert qkv.op_names == ["matmul", "add"]
+    decision = next(d for d in _decisions(run) if d["fused"] and d["consumer"] == qkv.ops[1].name)
+    assert decision["roi"]["common_us"] > 0
+    assert decision["roi"]["t_unfused_us"] / decision["roi"]["t_fused_us"] \
+        < decision["roi"]["roi_score"]
+
+
 def test_softmax_fuses_with_its_producers(run_both):
     def f(scores, bias):
         return torch.softmax(scores * 0.125 + bias, dim=-1) * 2.0
@@ -202,6 +218,25 @@ def test_masked_fill_constant_folds_into_one_kernel(dtype, run_both):
     plan = _plans(run)[0]
     assert [t.op_names for t in plan.tiles] == [["mul", "where", "softmax"]]
     assert all(op.op != "full" for op in plan.graph.nodes if isinstance(op, TileOp))
+
+
+def test_copies_feeding_matmuls_read_contiguous_rows(run_both):
+    """q @ k^T: the copy of the transposed K writes K's rows as they are and the bmm gets
+    a transposed view, so no copy for the bmm reads with a stride; a copy that is
+    returned stays contiguous."""
+    def f(qkv):
+        q, k, _ = qkv.split(32, dim=2)
+        q = q.view(2, 8, 4, 8).transpose(1, 2)
+        k = k.view(2, 8, 4, 8).transpose(1, 2)
+        return q @ k.transpose(-2, -1), k.transpose(-2, -1).contiguous()
+
+    run = run_both(f, torch.randn(2, 8, 96))
+    assert run.out[1].is_contiguous()
+    graph = _plans(run)[0].graph
+    copies = [op for op in graph.nodes if isinstance(op, TileOp) and op.op == "copy"]
+    assert len(copies) == 3  # q and k for the bmm, k^T for the output
+    inner = [int(graph.specs[op.args[0]].stride[-1]) for op in copies]
+    assert sorted(inner) == [1, 1, 96]  # only the returned k^T reads with a stride
 
 
 # --- invariants of every plan -------------------------------------------------------------

@@ -137,7 +137,7 @@ def _prepare(tile: FusionTile, graph: TileGraph):
             from . import cpp_matmul
 
             planned = cpp_matmul.plan(tile, graph)
-            _, sub, sub_graph, _, _ = planned
+            _, _, sub, sub_graph, _, _ = planned
             if sub is None:
                 return cpp_matmul.assemble(tile, graph, planned, None)
             program = analyse(sub, sub_graph)
@@ -205,8 +205,8 @@ def _build_native(tile: FusionTile, graph: TileGraph):
 
 
 def _native_kernel(fn, program: Program):
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
-                   ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+    # No argtypes: the arguments are ctypes arrays and an int already, and ctypes' per-call
+    # conversion through argtypes costs more than the call (docs/runtime_overhead.md).
     fn.restype = None
     alloc = [(size_function(tuple(spec.shape), program.symbols), spec.dtype)
              for _, spec in program.outputs]
@@ -217,19 +217,21 @@ def _native_kernel(fn, program: Program):
     Syms = ctypes.c_int64 * max(len(program.symbols), 1)
     empty, threads = host_alloc.empty, torch.get_num_threads
 
-    arrays: dict = {}  # sizes/strides/syms -> the ctypes arrays already built for them
+    # (syms, input strides) -> the ctypes arrays built for them; input shapes are functions
+    # of the size symbols, so strides and syms identify the metadata
+    arrays: dict = {}
 
     def kernel(inputs: list, syms: tuple) -> list:
         outs = [empty(f(syms), dt) for f, dt in alloc]
-        key = (syms, *[(t.shape, t.stride()) for t in inputs])
+        key = (syms, *[t.stride() for t in inputs])
         args = arrays.get(key)
         if args is None:
             meta = [v for t in inputs for v in (*t.shape, *t.stride())]
             args = arrays[key] = (Meta(*meta), Syms(*syms))
             if len(arrays) > 256:
                 arrays.pop(next(iter(arrays)))
-        ptrs = Ptrs(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs])
-        fn(ptrs, args[0], args[1], threads())
+        fn(Ptrs(*[t.data_ptr() for t in inputs], *[o.data_ptr() for o in outs]),
+           args[0], args[1], threads())
         return outs
 
     kernel.native = True

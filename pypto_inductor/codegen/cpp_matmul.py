@@ -1,10 +1,12 @@
 """Matmul FusionTiles on the native CPU target: torch's BLAS + one native epilogue pass.
 
 The GEMM runs through ``torch.matmul`` (BLAS, whatever the batch/broadcast
-form); the elementwise epilogue the planner fused with it (bias, activation,
-residual, cast, scale, ...) becomes one C++ pointwise kernel built with the
-ordinary pointwise machinery (:func:`cpp.analyse`), with the matmul result as
-its first input. A one-op matmul tile just calls ``torch.matmul``.
+form), or ``torch.addmm`` / ``baddbmm`` when its first epilogue op is a bias add
+(:func:`ir.gemm_bias_add`: BLAS adds it while writing the result). The rest of
+the elementwise epilogue the planner fused with it (activation, residual, cast,
+scale, ...) becomes one C++ pointwise kernel built with the ordinary pointwise
+machinery (:func:`cpp.analyse`), with the GEMM result as its first input. A tile
+with no other epilogue op makes no native kernel.
 
 Reshapes (``view``) inside the epilogue are resolved before analysis: every
 epilogue op has the matmul's element count (planner legality), so all of them
@@ -21,7 +23,7 @@ import dataclasses
 import sympy
 import torch
 
-from ..ir import FusionTile, OpKind, TensorSpec, TileGraph
+from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, gemm_bias_add
 from .sizes import size_function
 
 MM = "pi_mm"  # the epilogue program's name for the matmul result
@@ -48,16 +50,18 @@ def _same_shape(a, b) -> bool:
 
 
 def _plan(tile: FusionTile, graph: TileGraph):
-    """(matmul op, epilogue FusionTile or None, its graph, input sources, output getters)."""
+    """(matmul op, its bias input or None, epilogue FusionTile or None, the epilogue's graph,
+    input sources, output getters)."""
     from .cpp_analysis import NotNative
 
     mms = [op for op in tile.ops if op.kind is OpKind.MATMUL]
     if len(mms) != 1 or mms[0].op != "matmul":
         raise NotNative("a matmul tile needs exactly one matmul")
     mm = mms[0]
+    bias_add = gemm_bias_add(tile.ops, graph.specs, tile.outputs)  # torch.addmm adds it
     # the epilogue: every other op, including those before the matmul in the tile's
     # order (a sibling branch such as silu(gate) that meets the matmul result later)
-    epi = [op for op in tile.ops if op is not mm]
+    epi = [op for op in tile.ops if op is not mm and op is not bias_add]
     if not all(isinstance(a, str) and a in tile.inputs for a in mm.args) or len(mm.args) != 2:
         raise NotNative("a matmul operand is computed inside the tile")
     if mm.attrs:
@@ -70,6 +74,10 @@ def _plan(tile: FusionTile, graph: TileGraph):
     specs[MM] = TensorSpec(T, _contiguous(T), mm.out.dtype)
     sources: dict[str, tuple] = {MM: ("mm", T)}  # epilogue input -> (source, shape)
     env: dict[str, str] = {mm.name: MM}  # tile value -> epilogue value (in domain T)
+    bias = None
+    if bias_add is not None:
+        bias = next(a for a in bias_add.args if a != mm.name)
+        env[bias_add.name] = MM
     new_ops = []
 
     def full_input(a):
@@ -140,7 +148,7 @@ def _plan(tile: FusionTile, graph: TileGraph):
         else:
             raise NotNative(f"tile output {o} is not computed by the epilogue")
     if not new_ops:
-        return mm, None, None, [], getters
+        return mm, bias, None, None, [], getters
     used = []
     for op in new_ops:
         for a in op.args:
@@ -152,14 +160,14 @@ def _plan(tile: FusionTile, graph: TileGraph):
                      tile.tile_shape, tile.footprint_expr, tile.footprint_bytes,
                      tile.capacity_bytes, OpKind.ELEMENTWISE)
     sub_graph = dataclasses.replace(graph, specs=specs)
-    return mm, sub, sub_graph, [(a, sources[a]) for a in used], getters
+    return mm, bias, sub, sub_graph, [(a, sources[a]) for a in used], getters
 
 
 def build(tile: FusionTile, graph: TileGraph, native_builder):
     """kernel(inputs, syms) -> outputs; ``native_builder(sub_tile, sub_graph)`` builds the
     epilogue's native kernel (raising cpp.NotNative when it is outside the slice)."""
     planned = plan(tile, graph)
-    _, sub, sub_graph, _, _ = planned
+    _, _, sub, sub_graph, _, _ = planned
     return assemble(tile, graph, planned, None if sub is None else native_builder(sub, sub_graph))
 
 
@@ -172,11 +180,20 @@ def plan(tile: FusionTile, graph: TileGraph):
 
 def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
     """The tile's kernel from :func:`plan`'s result and the epilogue's native kernel."""
-    mm, sub, sub_graph, srcs, getters = planned
+    mm, bias, sub, sub_graph, srcs, getters = planned
     symbols = graph.symbols
     slot = {name: i for i, name in enumerate(tile.inputs)}
     ia, ib = slot[mm.args[0]], slot[mm.args[1]]
-    matmul = torch.matmul
+    if bias is None:
+        matmul = torch.matmul
+
+        def product(inputs):
+            return matmul(inputs[ia], inputs[ib])
+    else:  # the GEMM adds the bias (beta = 1)
+        gemm, ic = (torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm), slot[bias]
+
+        def product(inputs):
+            return gemm(inputs[ic], inputs[ia], inputs[ib])
     shape_fns = {}
 
     def shape_fn(shape):
@@ -189,7 +206,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
                  for kind, idx, shape in getters]
     if sub is None:
         def kernel(inputs: list, syms: tuple) -> list:
-            r = matmul(inputs[ia], inputs[ib])
+            r = product(inputs)
             return [r if f is None else r.reshape(f(syms)) for _, _, f in outs_spec]
 
         kernel.native, kernel.reason, kernel.program = True, None, None
@@ -200,7 +217,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
                       None if shape is None else shape_fn(shape)))
 
     def kernel(inputs: list, syms: tuple) -> list:
-        r = matmul(inputs[ia], inputs[ib])
+        r = product(inputs)
         vals = []
         for i, f in feeds:
             t = r if i < 0 else inputs[i]

@@ -3,9 +3,14 @@
 t(kernel) = launch + max(global-memory bytes / bandwidth, flops / peak)
 (the sum of the two terms on hardware whose memory traffic does not hide behind
 compute: ``hw.memory_overlaps_compute``, False on the host)
-roi_score = (t(producer) + t(consumer)) / t(merged)
+roi_score = (t(producer) + t(consumer) - common) / (t(merged) - common)
 
-Hardware models may add terms (0/None on the host; fitted for ascend-a2 in
+where ``common`` is time both alternatives spend alike: the GEMM's compute on
+hardware whose memory and compute terms add (the host), so a pass saved next to
+a long GEMM is judged against the pass, not diluted by the GEMM.
+
+On the host a matmul's bias add runs inside the GEMM (``hw.matmul_bias_in_gemm``):
+it is not an epilogue pass. Hardware models may add terms (0/None on the host; fitted for ascend-a2 in
 docs/ascend_calibration.md): ``ops x hw.op_us`` and ``hw.cube_epilogue_us`` (a
 matmul kernel with an epilogue) to the fixed cost, and ``domain elements /
 hw.vector_elems_per_s`` inside the max.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..hardware import HardwareModel
-from ..ir import OpKind, TileGraph, TileOp
+from ..ir import OpKind, TileGraph, TileOp, gemm_bias_add
 
 # Relative cost, in flops per element, of ops heavier than one add.
 _TRANSCENDENTAL = {
@@ -46,6 +51,7 @@ class KernelCost:
     launches: int
     time_us: float
     bound: str = "launch"  # the largest roofline term: "memory", "compute" or "launch"
+    gemm_us: float = 0.0  # the GEMM's compute term when it adds to the rest (see common_us)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,7 @@ class RoiEstimate:
     bandwidth_saving_pct: float
     launch_overhead_reduction_pct: float
     l1_pressure_increase_pct: float
+    common_us: float = 0.0  # time fused and unfused spend alike (a GEMM's compute)
 
     @property
     def saving_us(self) -> float:
@@ -62,7 +69,8 @@ class RoiEstimate:
 
     @property
     def roi_score(self) -> float:
-        return self.t_unfused_us / self.t_fused_us if self.t_fused_us > 0 else 1.0
+        fused = self.t_fused_us - self.common_us
+        return (self.t_unfused_us - self.common_us) / fused if fused > 0 else 1.0
 
     def to_dict(self) -> dict:
         return {
@@ -72,6 +80,7 @@ class RoiEstimate:
             "roi_score": round(self.roi_score, 4),
             "t_unfused_us": round(self.t_unfused_us, 3),
             "t_fused_us": round(self.t_fused_us, 3),
+            "common_us": round(self.common_us, 3),
         }
 
 
@@ -143,7 +152,10 @@ class CostModel:
         gm = sum(self.read_bytes(n) for n in inputs) + sum(self.value_bytes[n] for n in outputs)
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
-        epilogue = cube and any(op.kind is not OpKind.MATMUL and not op.is_view for op in ops)
+        bias = (gemm_bias_add(ops, self.graph.specs, outputs)
+                if cube and self.hw.matmul_bias_in_gemm else None)
+        epilogue = cube and any(op.kind is not OpKind.MATMUL and not op.is_view
+                                and op is not bias for op in ops)
         if epilogue and self.hw.matmul_epilogue_reads_gm:  # the GEMM result, written and read
             gm += sum(2 * self.value_bytes[op.name] for op in ops if op.kind is OpKind.MATMUL)
         peak = self.hw.cube_flops_per_s if cube else self.hw.vector_flops_per_s
@@ -161,7 +173,10 @@ class CostModel:
             fixed += self.hw.cube_epilogue_us
         bound = ("launch" if fixed > seconds * 1e6
                  else "memory" if memory_s >= compute_s else "compute")
-        return KernelCost(gm, flops, 1, fixed + seconds * 1e6, bound)
+        gemm_s = 0.0
+        if cube and not self.hw.memory_overlaps_compute:
+            gemm_s = sum(self.op_flops[id(op)] for op in ops if op.kind is OpKind.MATMUL) / peak
+        return KernelCost(gm, flops, 1, fixed + seconds * 1e6, bound, gemm_s * 1e6)
 
     def merge_estimate(self, groups: list[list[TileOp]], footprints: list[int],
                        fused_footprint: int) -> RoiEstimate:
@@ -176,4 +191,5 @@ class CostModel:
             bandwidth_saving_pct=100.0 * (unfused_bytes - fused.gm_bytes) / max(unfused_bytes, 1),
             launch_overhead_reduction_pct=100.0 * (launches - 1) / max(launches, 1),
             l1_pressure_increase_pct=100.0 * (fused_footprint - base) / base,
+            common_us=min(sum(p.gemm_us for p in parts), fused.gemm_us),
         )

@@ -1,4 +1,4 @@
-"""Layout lowerings: views (run zero-copy) and cat (materialises).
+"""Layout lowerings: views (run zero-copy), clone and cat (materialise).
 
 Every shape attribute is a tuple of sympy expressions; views never turn a
 symbolic size into an int.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir import OpKind
+from ..ir import OpKind, TensorSpec
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -47,6 +47,60 @@ def lower_transpose(ctx, x, dim0=0, dim1=1):
 @register_lowering(aten.expand)
 def lower_expand(ctx, x, shape, implicit=False):
     return _view(ctx, "expand", x, shape=ctx.out_spec.shape)
+
+
+_MATMULS = {aten.mm.default, aten.bmm.default}
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+@register_lowering(aten.clone)
+def lower_clone(ctx, x, memory_format=None):
+    """A copy; one that only feeds matmuls (through views) may write a transposed layout.
+
+    ``q @ k.transpose(-2, -1)`` becomes expand -> clone -> view -> bmm: the clone makes
+    the transposed K contiguous, a strided read of every element. BLAS takes a transposed
+    operand as it is, so when the input's unit stride is on its second-to-last dim the
+    copy writes the last two dims swapped (contiguous rows read and written) and hands
+    the matmul a transposed view, provided every reshape on the way stays a view.
+    """
+    spec = ctx.spec(x)
+    n = len(spec.shape)
+    if n < 2 or spec.stride[-2] != 1 or spec.stride[-1] == 1 \
+            or not all(isinstance(s, (int, sympy.Integer)) for s in spec.shape):
+        return ctx.pointwise("copy", (x,))
+    swap = (*range(n - 2), n - 1, n - 2)
+    shape = tuple(spec.shape[d] for d in swap)
+    written = torch.empty([int(s) for s in shape], device="meta").transpose(-2, -1)
+    if not _feeds_matmuls_as_views(ctx.node, written):
+        return ctx.pointwise("copy", (x,))
+    inner = ctx.pointwise("copy", (_permute(ctx, x, swap),), out=ctx.new_spec(shape, spec.dtype))
+    return _permute(ctx, inner, swap)
+
+
+def _permute(ctx, x, dims):
+    spec = ctx.spec(x)
+    out = TensorSpec(tuple(spec.shape[d] for d in dims), tuple(spec.stride[d] for d in dims),
+                     spec.dtype)
+    return _view(ctx, "permute", x, out=out, dims=tuple(dims))
+
+
+def _feeds_matmuls_as_views(node, value) -> bool:
+    """Every use of ``node`` (whose result would be laid out as the meta tensor ``value``)
+    is an mm/bmm operand BLAS reads in place, directly or through reshapes that stay
+    views of that layout."""
+    if not node.users:
+        return False
+    for user in node.users:
+        if user.target in _VIEWS:
+            try:
+                viewed = value.view([int(s) for s in user.args[1]])
+            except (RuntimeError, ValueError, TypeError):  # would copy, or a symbolic size
+                return False
+            if not _feeds_matmuls_as_views(user, viewed):
+                return False
+        elif user.target not in _MATMULS or 1 not in value.stride()[-2:]:
+            return False
+    return True
 
 
 @register_lowering(aten.slice.Tensor)

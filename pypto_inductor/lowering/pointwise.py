@@ -166,11 +166,6 @@ def lower_where(ctx, cond, a=None, b=None):
     return ctx.pointwise("where", (cond, a, b))
 
 
-@register_lowering(aten.clone)
-def lower_clone(ctx, x, memory_format=None):
-    return ctx.pointwise("copy", (x,))
-
-
 @register_lowering(aten._to_copy, torch.ops.prims.convert_element_type)
 def lower_cast(ctx, x, dtype=None, layout=None, device=None, pin_memory=None,
                non_blocking=False, memory_format=None):
