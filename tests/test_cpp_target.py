@@ -270,6 +270,23 @@ def test_argmax_argmin_last_dim(dtype, built):
     check(fn, x, built=built)
 
 
+def test_chunks_keep_their_strides(built):
+    """chunk/split views carry their real strides, so a tile reading one plans the row
+    layout it has (a flat layout over a strided chunk took 4x as long)."""
+    from pypto_inductor.report import collect
+
+    def fn(x):
+        a, b = x.chunk(2, dim=-1)
+        return -b, a * 2.0
+    x = rand(4, 6, 64)
+    with collect() as graphs:
+        check(fn, x, built=built)
+    graph = graphs[0].plan.graph
+    slices = [graph.specs[op.name] for op in graph.nodes if getattr(op, "op", None) == "slice"]
+    assert len(slices) == 2
+    assert all(tuple(map(int, s.stride)) == x[..., 32:].stride() for s in slices)
+
+
 # --- reshapes (view) inside pointwise and row-reduction tiles -------------------------------
 def _view_tiles(built):
     tiles = [(t, k) for t, k in built if any(op.op == "view" for op in t.ops)]

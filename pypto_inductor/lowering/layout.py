@@ -9,6 +9,7 @@ import sympy
 import torch
 
 from ..ir import OpKind, TensorSpec
+from .graph import spec_of
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -142,7 +143,7 @@ def lower_split(ctx, x, split, dim=0):
     dim = int(dim) % len(in_shape)
     outs, start = [], sympy.Integer(0)
     for val in ctx.node.meta["val"]:
-        spec = ctx.new_spec(val.shape, val.dtype)
+        spec = spec_of(val)  # a view's own strides, which its readers' layouts rely on
         length = spec.shape[dim]
         outs.append(_view(ctx, "slice", x, out=spec, dim=dim, start=start, length=length, step=1))
         start = start + length
@@ -154,7 +155,7 @@ def lower_unbind(ctx, x, dim=0):
     in_shape = ctx.spec(x).shape
     dim = int(dim) % len(in_shape)
     return tuple(
-        _view(ctx, "select", x, out=ctx.new_spec(v.shape, v.dtype), dim=dim, index=i)
+        _view(ctx, "select", x, out=spec_of(v), dim=dim, index=i)
         for i, v in enumerate(ctx.node.meta["val"])
     )
 
