@@ -185,10 +185,8 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
     slot = {name: i for i, name in enumerate(tile.inputs)}
     ia, ib = slot[mm.args[0]], slot[mm.args[1]]
     if bias is None:
-        matmul = torch.matmul
-
         def product(inputs):
-            return matmul(inputs[ia], inputs[ib])
+            return torch.matmul(inputs[ia], inputs[ib])
     else:  # the GEMM adds the bias (beta = 1)
         gemm, ic = (torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm), slot[bias]
 

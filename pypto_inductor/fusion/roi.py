@@ -10,10 +10,10 @@ hardware whose memory and compute terms add (the host), so a pass saved next to
 a long GEMM is judged against the pass, not diluted by the GEMM.
 
 On the host a matmul's bias add runs inside the GEMM (``hw.matmul_bias_in_gemm``):
-it is not an epilogue pass. Hardware models may add terms (0/None on the host; fitted for ascend-a2 in
-docs/ascend_calibration.md): ``ops x hw.op_us`` and ``hw.cube_epilogue_us`` (a
-matmul kernel with an epilogue) to the fixed cost, and ``domain elements /
-hw.vector_elems_per_s`` inside the max.
+it is not an epilogue pass. Hardware models may add terms (0/None on the host;
+fitted for ascend-a2 in docs/ascend_calibration.md): ``ops x hw.op_us`` and
+``hw.cube_epilogue_us`` (a matmul kernel with an epilogue) to the fixed cost, and
+``domain elements / hw.vector_elems_per_s`` inside the max.
 
 Sizes are evaluated once at the graph's example sizes (size hints), so the
 planner's arithmetic is on ints; the symbolic forms live in the FusionTiles.
