@@ -238,6 +238,22 @@ def test_softmax_with_scale_and_mask(built):
           rand(2, 128, 128), built=built)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_softmax_keeps_its_exps_for_the_last_pass(dtype, built, tol):
+    """exp(x - max) is stored in a per-thread row scratch by the sum pass and read back
+    by the division pass; rows of a new, longer length grow the scratch."""
+    compiled = torch.compile(lambda x, y: (torch.softmax(x, -1), torch.log_softmax(y, -1).exp()),
+                             backend="pypto", options={**OPTS, "fallback": "error"},
+                             dynamic=True)
+    for cols in (100, 700, 30):
+        x, y = rand(33, cols, dtype=dtype) * 4, rand(5, 3, cols, dtype=dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, y), (torch.softmax(x, -1),
+                                       torch.log_softmax(y, -1).exp()), **tol(dtype))
+    sources = [cpp.generate_source(k.program) for _, k in built if k.native]
+    assert any("pi_sc" in src for src in sources)
+
+
 def test_non_native_tile_runs_reference_without_warning(built):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -11,6 +11,7 @@ PRELUDE = r"""
 #include <cstring>
 #include <cmath>
 #include <algorithm>
+#include <cstdlib>
 #define PI_INLINE static inline __attribute__((always_inline))
 
 namespace c10 {  // what torch's CppPrinter emits for FloorDiv
