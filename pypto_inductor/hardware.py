@@ -68,6 +68,9 @@ class HardwareModel:
     # ROI model: the matmul's first epilogue op, a bias add, runs inside the GEMM (the
     # host's BLAS adds it as addmm/baddbmm do), so it costs no pass of its own.
     matmul_bias_in_gemm: bool = False
+    # Planner: a cat may join a kernel with its consumers (the host's kernels read each
+    # part over its columns; pypto 0.2.0 has no cat, so Ascend keeps it apart).
+    cat_in_kernels: bool = False
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -247,6 +250,7 @@ def host() -> HardwareModel:
         default_roi_threshold=1.1,
         matmul_epilogue_reads_gm=True,
         matmul_bias_in_gemm=True,
+        cat_in_kernels=True,
         details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
                  ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
     )

@@ -239,6 +239,20 @@ def test_copies_feeding_matmuls_read_contiguous_rows(run_both):
     assert sorted(inner) == [1, 1, 96]  # only the returned k^T reads with a stride
 
 
+def test_rotary_cat_joins_its_consumers_on_the_host(run_both):
+    """q * cos + cat(-q2, q1) * sin: on the host the cat is read part by part inside the
+    kernel of the muls and the add; pypto has no cat, so ascend-a2 keeps it apart."""
+    def f(y, cos, sin):
+        q = y.view(2, 8, 4, 16).transpose(1, 2)
+        return q * cos + models.rotate_half(q) * sin
+
+    args = (torch.randn(2, 8, 64), torch.randn(8, 16), torch.randn(8, 16))
+    host = _plans(run_both(f, *args))[0]
+    assert any("cat" in t.op_names and "add" in t.op_names for t in host.tiles)
+    ascend = _plans(run_both(f, *args, options={"hardware": "ascend-a2"}))[0]
+    assert [t.op_names for t in ascend.tiles if "cat" in t.op_names] == [["cat"]]
+
+
 # --- invariants of every plan -------------------------------------------------------------
 def _check_plan_invariants(plan, threshold=None):
     threshold = threshold or plan.hardware.default_roi_threshold

@@ -117,10 +117,12 @@ class _Planner:
         self.version: dict[int, int] = {}  # bumped when a group's members change
 
     # --- group helpers -------------------------------------------------------------
-    @staticmethod
-    def fusable(node: Node) -> bool:
-        """Compute ops, and reshapes (free inside a kernel: row-major order is kept)."""
-        return isinstance(node, TileOp) and (node.kind is not OpKind.LAYOUT or node.op == "view")
+    def fusable(self, node: Node) -> bool:
+        """Compute ops, reshapes (free inside a kernel: row-major order is kept), and cat
+        where the hardware model's kernels take it (``hw.cat_in_kernels``)."""
+        return isinstance(node, TileOp) and (
+            node.kind is not OpKind.LAYOUT or node.op == "view"
+            or (node.op == "cat" and self.hw.cat_in_kernels))
 
     def view_only(self, gid: int) -> bool:
         return all(op.is_view for op in self.members[gid])
