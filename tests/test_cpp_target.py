@@ -67,6 +67,19 @@ def check(fn, *inputs, built=None, native=True, dynamic=False, options=None, **t
     return out
 
 
+def check_sizes(fn, arg_sets, **tol):
+    """Compile ``fn`` once with dynamic=True, compare it with eager at every argument set,
+    and assert that no size after the first compiled or loaded C++."""
+    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
+                             dynamic=True)
+    counts = []
+    for args in arg_sets:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), fn(*args), **tol)
+        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
+    assert len(set(counts)) == 1, counts
+
+
 def rand(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
@@ -242,14 +255,9 @@ def test_softmax_with_scale_and_mask(built):
 def test_softmax_keeps_its_exps_for_the_last_pass(dtype, built, tol):
     """exp(x - max) is stored in a per-thread row scratch by the sum pass and read back
     by the division pass; rows of a new, longer length grow the scratch."""
-    compiled = torch.compile(lambda x, y: (torch.softmax(x, -1), torch.log_softmax(y, -1).exp()),
-                             backend="pypto", options={**OPTS, "fallback": "error"},
-                             dynamic=True)
-    for cols in (100, 700, 30):
-        x, y = rand(33, cols, dtype=dtype) * 4, rand(5, 3, cols, dtype=dtype)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x, y), (torch.softmax(x, -1),
-                                       torch.log_softmax(y, -1).exp()), **tol(dtype))
+    check_sizes(lambda x, y: (torch.softmax(x, -1), torch.log_softmax(y, -1).exp()),
+                [(rand(33, cols, dtype=dtype) * 4, rand(5, 3, cols, dtype=dtype))
+                 for cols in (100, 700, 30)], **tol(dtype))
     sources = [cpp.generate_source(k.program) for _, k in built if k.native]
     assert any("pi_sc" in src for src in sources)
 
@@ -399,16 +407,9 @@ def test_view_tiles_dynamic_two_sizes(dtype, built, tol):
     def fn(y, bias, res):
         z = (y + bias).view(res.shape[0], res.shape[1], 48)
         return ln(z + res), F.gelu(z) * res[0]
-    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
-                             dynamic=True)
     bias = rand(48, dtype=dtype)
-    counts = []
-    for b, s in ((2, 8), (3, 5)):
-        args = rand(b * s, 48, dtype=dtype), bias, rand(b, s, 48, dtype=dtype)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(*args), fn(*args), **tol(dtype))
-        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
-    assert counts[0] == counts[1]
+    check_sizes(fn, [(rand(b * s, 48, dtype=dtype), bias, rand(b, s, 48, dtype=dtype))
+                     for b, s in ((2, 8), (3, 5))], **tol(dtype))
     tiles = _view_tiles(built)
     assert all(k.native for _, k in tiles)
     assert any(is_symbolic(d) for _, k in tiles for d in k.program.shape)
@@ -484,15 +485,9 @@ def test_cat_last_dim_two_and_three_inputs(dtype, built, tol):
 def test_cat_last_dim_dynamic_two_sizes(dtype, built, tol):
     def fn(x, sin, cos):
         return x * cos + _rotate_half(x) * sin
-    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
-                             dynamic=True)
-    counts = []
-    for b, s, d in ((2, 5, 8), (3, 9, 14)):
-        args = rand(b, s, d, dtype=dtype), rand(s, d, dtype=dtype), rand(s, d, dtype=dtype)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(*args), fn(*args), **tol(dtype))
-        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
-    assert counts[0] == counts[1]
+    check_sizes(fn, [(rand(b, s, d, dtype=dtype), rand(s, d, dtype=dtype),
+                      rand(s, d, dtype=dtype)) for b, s, d in ((2, 5, 8), (3, 9, 14))],
+                **tol(dtype))
     tiles = _cat_tiles(built)
     assert all(k.native for _, k in tiles)
     assert any(is_symbolic(b) for _, k in tiles for b in k.program.cat_bounds)
@@ -561,16 +556,9 @@ def test_cat_along_a_row_dim(dtype, built, tol):
           rand(2, 5, 7, dtype=dtype), built=built, **tol(dtype))
     check(lambda a, b, c: torch.cat([a, b, c], 0) + 1.0, rand(2, 3, 10, dtype=dtype)[..., ::2],
           rand(1, 3, 5, dtype=dtype), rand(3, 3, 5, dtype=dtype), built=built, **tol(dtype))
-    compiled = torch.compile(lambda a, b: torch.cat([a, b], 1) * 3.0, backend="pypto",
-                             options={**OPTS, "fallback": "error"}, dynamic=True)
-    counts = []
-    for b, s0, s1, d in ((2, 3, 5, 8), (3, 4, 2, 9)):
-        x, y = rand(b, s0, d, dtype=dtype), rand(b, s1, d, dtype=dtype)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x, y), torch.cat([x, y], 1) * 3.0,
-                                       **tol(dtype))
-        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
-    assert counts[0] == counts[1]
+    check_sizes(lambda a, b: torch.cat([a, b], 1) * 3.0,
+                [(rand(b, s0, d, dtype=dtype), rand(b, s1, d, dtype=dtype))
+                 for b, s0, s1, d in ((2, 3, 5, 8), (3, 4, 2, 9))], **tol(dtype))
     tiles = _cat_tiles(built)
     assert all(k.native and not k.program.cat_bounds for _, k in tiles)
 
@@ -682,15 +670,8 @@ def test_matmul_dynamic_batch_no_recompile(built, tol):
 
     def fn(x, r):
         return F.silu(lin(x)) * 2.0 + r
-    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
-                             dynamic=True)
-    counts = []
-    for batch in (3, 7, 12):
-        x, r = rand(batch, 5, 32), rand(batch, 5, 16)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x, r), fn(x, r), **tol(torch.float32))
-        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
-    assert counts[0] == counts[1] == counts[2]
+    check_sizes(fn, [(rand(batch, 5, 32), rand(batch, 5, 16)) for batch in (3, 7, 12)],
+                **tol(torch.float32))
     assert all(k.native for _, k in _matmul_tiles(built))
 
 
@@ -698,16 +679,8 @@ def test_matmul_dynamic_batch_no_recompile(built, tol):
 def test_dynamic_sizes_compile_once(built):
     def fn(x, w):
         return F.silu(x * w).sum(-1) + torch.softmax(x, -1).amax(-1)
-    compiled = torch.compile(fn, backend="pypto", options={**OPTS, "fallback": "error"},
-                             dynamic=True)
     w = rand(96)
-    counts = []
-    for rows in (5, 17, 64):
-        x = rand(rows, 96)
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x, w), fn(x, w))
-        counts.append(cpp_build.stats["compiles"] + cpp_build.stats["disk_hits"])
-    assert counts[0] == counts[1] == counts[2]
+    check_sizes(fn, [(rand(rows, 96), w) for rows in (5, 17, 64)])
     assert all(k.native for _, k in built)
 
 
