@@ -45,6 +45,7 @@ class Config:
     buffering: int = 2  # double buffering: each live tile buffer is allocated twice
     profile: bool = False
     simulate: bool = False
+    keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
 
     @property
     def hardware_name(self) -> str:
@@ -127,7 +128,7 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value
-        elif key in ("fusion", "profile", "simulate"):
+        elif key in ("fusion", "profile", "simulate", "keep_buffers"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

@@ -8,14 +8,17 @@ and size expressions are precompiled Python, so no sympy runs per call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
+import sys
 import time
 import warnings
 from typing import Any, Callable
 
+import torch
 from torch.utils._pytree import tree_map
 
-from .codegen import reference
+from .codegen import host_alloc, reference
 from .codegen.sizes import is_symbolic, resolve_static, size_function
 from .config import Config
 from .fusion import FusionPlan
@@ -53,6 +56,8 @@ class CompiledGraph:
         self.kernel_native: dict[str, dict] = {}
         self.timings: dict[str, list[float]] = {}
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
+        self.pool = host_alloc.BufferPool() if config.keep_buffers else None
+        self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.program = [self._compile_step(step, target) for step in plan.steps]
         self._free_after = self._liveness()
         self._outputs = [self._output_getter(o) for o in graph.outputs]
@@ -74,7 +79,11 @@ class CompiledGraph:
         if isinstance(step, FusionTile):
             kernel = self._build_kernel(step, target)
             ins = [self.slot[n] for n in step.inputs]
-            return ("kernel", step.name, kernel, ins, self._define(step.outputs))
+            outs = self._define(step.outputs)
+            if self.pool is not None and getattr(kernel, "takes_allocator", False):
+                self.pooled.update(s for s in outs if s is not None)
+                kernel = functools.partial(kernel, empty=self.pool.empty)
+            return ("kernel", step.name, kernel, ins, outs)
         if isinstance(step, TileOp):  # a view: zero-copy through torch
             run = reference.op_runner(step, symbols)
             ins = [self.slot[n] for n in step.inputs]
@@ -133,17 +142,23 @@ class CompiledGraph:
 
         return ("extern", step.name, call, reads, self._define(step.outputs))
 
-    def _liveness(self) -> list[list[int]]:
-        """For each step, the slots whose last reader it is (graph outputs stay)."""
+    def _liveness(self) -> list[tuple[list[int], list[int]]]:
+        """For each step, the slots whose last reader it is (graph outputs stay): those
+        to drop, and those whose buffer may go back to the pool."""
         keep = {self.slot[o] for o in self.plan.graph.outputs if isinstance(o, str)}
         last: dict[int, int] = {}
-        for i, (_, _, _, ins, _) in enumerate(self.program):
+        base: dict[int, int] = {}  # a view's slot -> the pooled slot it aliases
+        for i, (kind, _, _, ins, outs) in enumerate(self.program):
             for s in ins:
                 last[s] = i
-        free: list[list[int]] = [[] for _ in self.program]
+                if s in base:  # a pooled buffer lives as long as its views
+                    last[base[s]] = i
+            if kind == "view" and ins and (ins[0] in self.pooled or ins[0] in base):
+                base.update((o, base.get(ins[0], ins[0])) for o in outs if o is not None)
+        free: list[tuple[list[int], list[int]]] = [([], []) for _ in self.program]
         for s, i in last.items():
             if s not in keep:
-                free[i].append(s)
+                free[i][s in self.pooled].append(s)
         return free
 
     def _output_getter(self, o):
@@ -161,8 +176,10 @@ class CompiledGraph:
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
         env: list[Any] = list(args) + [None] * (len(self.slot) - self.num_inputs)
         del args
-        profile = self.config.profile
-        for (kind, name, fn, ins, outs), free in zip(self.program, self._free_after):
+        profile, pool = self.config.profile, self.pool
+        if pool is not None:
+            pool.start(syms)
+        for (kind, name, fn, ins, outs), (free, recycle) in zip(self.program, self._free_after):
             if profile and kind == "kernel":
                 start = time.perf_counter()
                 results = fn([env[s] for s in ins], syms)
@@ -174,10 +191,38 @@ class CompiledGraph:
                     env[s] = r
             for s in free:
                 env[s] = None
+            for s in recycle:
+                t = env[s]
+                env[s] = None
+                if _getrefcount(t) == _ALONE_REFS and _uses(t) == _ALONE_USES \
+                        and t.is_contiguous():
+                    pool.give(t)
         return [get(env, syms) for get in self._outputs]
 
     def measured_us(self) -> dict[str, float]:
         return {name: statistics.median(t) for name, t in self.timings.items() if t}
+
+
+# A pooled buffer goes back only when no other Python reference (the same tensor object
+# in another slot, say an extern op that returned its input) and no other tensor (a view)
+# holds it: the next call overwrites it. The counts of a lone tensor are probed with the
+# very statements __call__ runs, so they hold whatever the interpreter's refcounting does.
+_getrefcount = sys.getrefcount
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _uses(t) -> int:
+    return _use_count(t.untyped_storage()._cdata)
+
+
+def _alone_counts() -> tuple[int, int]:
+    env = [torch.empty(1)]
+    t = env[0]
+    env[0] = None
+    return _getrefcount(t), _uses(t)
+
+
+_ALONE_REFS, _ALONE_USES = _alone_counts() if _use_count is not None else (-1, -1)
 
 
 def extern_op_counts(plan: FusionPlan) -> dict[str, int]:

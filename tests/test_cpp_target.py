@@ -262,6 +262,19 @@ def test_softmax_keeps_its_exps_for_the_last_pass(dtype, built, tol):
     assert any("pi_sc" in src for src in sources)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_sums_in_lanes_at_every_remainder(dtype, built, tol):
+    """Cheap row sums run in REDUCTION_LANES parts plus a remainder loop: rows shorter
+    than the lanes and every remainder, at the sizes of one compile."""
+    def fn(x, w):
+        rms = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+        return rms, x.var(-1, correction=0), x.sum(-1), x.amax(-1), torch.softmax(x, -1)
+    check_sizes(fn, [(rand(7, cols, dtype=dtype) * 3, rand(cols, dtype=dtype))
+                     for cols in (67, 1, 3, 4, 5, 8, 130)], **tol(dtype))
+    sources = [cpp.generate_source(k.program) for _, k in built if k.native]
+    assert any("const int64_t cq =" in src for src in sources)  # the lanes ran
+
+
 def test_non_native_tile_runs_reference_without_warning(built):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

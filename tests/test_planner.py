@@ -239,6 +239,18 @@ def test_copies_feeding_matmuls_read_contiguous_rows(run_both):
     assert sorted(inner) == [1, 1, 96]  # only the returned k^T reads with a stride
 
 
+def test_readers_of_views_of_one_value_are_siblings(run_both):
+    """Ops reading different views of one value (the chunks of x here; attention's Q and
+    K copies from the QKV output) are sibling candidates: one kernel call instead of two."""
+    def f(x):
+        a, b = x.chunk(2, dim=-1)
+        return torch.sigmoid(a) * 2.0, torch.tanh(b) + 1.0
+
+    plan = _plans(run_both(f, torch.randn(64, 32)))[0]
+    assert len(plan.tiles) == 1, [t.op_names for t in plan.tiles]
+    assert {"sigmoid", "tanh"} <= set(plan.tiles[0].op_names)
+
+
 def test_rotary_cat_joins_its_consumers_on_the_host(run_both):
     """q * cos + cat(-q2, q1) * sin: on the host the cat is read part by part inside the
     kernel of the muls and the add; pypto has no cat, so ascend-a2 keeps it apart."""

@@ -221,7 +221,7 @@ def _native_kernel(fn, program: Program):
     # of the size symbols, so strides and syms identify the metadata
     arrays: dict = {}
 
-    def kernel(inputs: list, syms: tuple) -> list:
+    def kernel(inputs: list, syms: tuple, empty=empty) -> list:
         outs = [empty(f(syms), dt) for f, dt in alloc]
         key = (syms, *[t.stride() for t in inputs])
         args = arrays.get(key)
@@ -236,5 +236,6 @@ def _native_kernel(fn, program: Program):
 
     kernel.native = True
     kernel.reason = None
+    kernel.takes_allocator = True  # kernel(inputs, syms, empty): the runtime's BufferPool
     kernel.program = program
     return kernel

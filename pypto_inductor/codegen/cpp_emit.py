@@ -24,6 +24,7 @@ _PRINTER = CppPrinter()
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
+REDUCTION_LANES = 4  # independent accumulators per sum over a row (_Emitter.interleaved)
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads. Attention's K^T copy ([4,4,64,128] from a [4,128,768] slice): 109 us unblocked,
@@ -204,6 +205,13 @@ def _expr(n, var) -> str:
     if n.attrs["op"] == "cast":
         args = [conv(var(n.args[0]), n.args[0].dtype, n.dtype)]
     return finalize(OPS[n.attrs["op"]](args, n), n.dtype)
+
+
+def _init(x) -> str:
+    """A reduction's identity."""
+    flt = ctype(x.dtype) == "float"
+    return {"sum": "0", "max": "-INFINITY" if flt else "INT64_MIN",
+            "min": "INFINITY" if flt else "INT64_MAX"}[x.attrs["red"]]
 
 
 def emit(p) -> str:
@@ -432,17 +440,17 @@ class _Emitter:
         return [x for x in self.p.nodes if x.id in seen]
 
     def loop(self, has_fast: bool, targets, tail) -> None:
-        """The column loop computing ``targets`` then running ``tail(path)`` lines."""
+        """The column loop computing ``targets`` then running ``tail(path, lane)`` lines."""
         reductions = [x for x in targets if x.kind == "reduce"]
-        clauses = []
-        for x in reductions:
-            op = "+" if x.attrs["red"] == "sum" else x.attrs["red"]
-            clauses.append(f"reduction({op}:acc{x.id})")
-            if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
-                clauses.append(f"reduction(|:nan{x.id})")
-        pragma = "      #pragma omp simd " + " ".join(clauses)
         paths = ["fast", "generic"] if has_fast else ["generic"]
         segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
+        # a sum's one accumulator is a chain of dependent adds, the bound of a cheap pass:
+        # split the fast path's row in REDUCTION_LANES parts, each with its own accumulators
+        # (not around math calls: softmax's exp pass, 215 -> 285 us, stopped vectorising)
+        lanes = REDUCTION_LANES if segs == 1 and any(
+            x.attrs["red"] == "sum" for x in reductions) and not any(
+            self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
+        ) else 1
         for path in paths:
             if path == "fast":
                 self.w("    if (fast) {")
@@ -454,7 +462,10 @@ class _Emitter:
                     x for x in targets if x.kind != "reduce"])
                 lo = "c0" if s == 0 else f"std::max<int64_t>(c0, CB{s})"
                 hi = "c1" if s == segs - 1 else f"std::min<int64_t>(c1, CB{s + 1})"
-                self.w(pragma)
+                if path == "fast" and lanes > 1:
+                    self.interleaved(reductions, deps, tail, lo, hi, lanes)
+                    lo = f"{lo} + {lanes} * cq"  # the remaining columns
+                self.w(self.pragma(reductions))
                 self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
                 if path == "generic" and self.p.m > 1:
                     self.w("        int64_t u = c; (void)u;")
@@ -462,11 +473,61 @@ class _Emitter:
                         self.w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
                 for x in deps:
                     self.define(x, "        ", col=True, path=path)
-                for line in tail(path):
+                for line in tail(path, ""):
                     self.w("        " + line)
                 self.w("      }")
+                if path == "fast" and lanes > 1:
+                    self.combine_lanes(reductions, lanes)
             self.seg = 0
             self.w("    }")
+
+    def pragma(self, reductions, lanes=("",)) -> str:
+        clauses = []
+        for x in reductions:
+            op = "+" if x.attrs["red"] == "sum" else x.attrs["red"]
+            clauses.append(f"reduction({op}:{','.join(f'acc{x.id}{s}' for s in lanes)})")
+            if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
+                clauses.append(f"reduction(|:{','.join(f'nan{x.id}{s}' for s in lanes)})")
+        return "      #pragma omp simd " + " ".join(clauses)
+
+    def interleaved(self, reductions, deps, tail, lo, hi, lanes) -> None:
+        """Columns [lo, lo + lanes * cq) as ``lanes`` parts of cq columns, one loop over
+        them all: lane 0 keeps acc, lane k > 0 has acc_k. The LLaMA RMSNorm row of 256
+        floats: 17.8 -> 12.9 us for 512 rows with 4 lanes (a C harness)."""
+        suffixes = [""] + [f"_{k}" for k in range(1, lanes)]
+        self.w(f"      const int64_t cq = ({hi} - {lo}) / {lanes};")
+        for x in reductions:
+            for sfx in suffixes[1:]:
+                self.w(f"      {ctype(x.dtype)} acc{x.id}{sfx} = {_init(x)};")
+                if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
+                    self.w(f"      int nan{x.id}{sfx} = 0;")
+        self.w(self.pragma(reductions, suffixes))
+        self.w("      for (int64_t q = 0; q < cq; ++q) {")
+        for k, sfx in enumerate(suffixes):
+            self.w(f"       {{ const int64_t c = {lo} + q + {k} * cq;")
+            for x in deps:
+                self.define(x, "        ", col=True)
+            for line in tail("fast", sfx):
+                self.w("        " + line)
+            self.w("       }")
+        self.w("      }")
+
+    def combine_lanes(self, reductions, lanes) -> None:
+        for x in reductions:
+            a = f"acc{x.id}"
+            for k in range(1, lanes):
+                b = f"{a}_{k}"
+                if x.attrs["red"] == "sum":
+                    self.w(f"      {a} += {b};")
+                else:
+                    cmp = ">" if x.attrs["red"] == "max" else "<"
+                    self.w(f"      {a} = ({b} {cmp} {a}) ? {b} : {a};")
+                    if ctype(x.dtype) == "float":
+                        self.w(f"      nan{x.id} |= nan{x.id}_{k};")
+
+    def calls_math(self, x) -> bool:
+        """Whether computing x calls a prelude math function (pi_exp, ...)."""
+        return x.kind in ("expr", "op") and "pi_" in _expr(x, self.var)
 
     def cache_costly_values(self) -> None:
         """Pick the column values to keep in a per-thread row scratch: values more than one
@@ -490,9 +551,8 @@ class _Emitter:
                 uses[x.id] = uses.get(x.id, 0) + 1
         costly: set[int] = set()
         for x in p.nodes:  # topological order
-            if x.level == "col" and x.kind in ("expr", "op") and x.attrs.get("op") != "cat" \
-                    and ("pi_" in _expr(x, self.var)
-                         or any(getattr(a, "id", None) in costly for a in x.args)):
+            if x.level == "col" and x.attrs.get("op") != "cat" and (
+                    self.calls_math(x) or any(getattr(a, "id", None) in costly for a in x.args)):
                 costly.add(x.id)
         shared = {x.id for x in p.nodes if uses.get(x.id, 0) > 1 and x.id in costly
                   and ctype(x.dtype) == "float"}
@@ -515,25 +575,22 @@ class _Emitter:
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                     and self.stage[x.id] == stage]
             for x in reds:
-                ct = ctype(x.dtype)
-                init = {"sum": "0", "max": "-INFINITY" if ct == "float" else "INT64_MIN",
-                        "min": "INFINITY" if ct == "float" else "INT64_MAX"}[x.attrs["red"]]
-                w(f"    {ct} acc{x.id} = {init};")
-                if x.attrs["red"] != "sum" and ct == "float":
+                w(f"    {ctype(x.dtype)} acc{x.id} = {_init(x)};")
+                if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                     w(f"    int nan{x.id} = 0;")
 
-            def tail(path, reds=reds):
+            def tail(path, lane, reds=reds):
                 out = []
                 for x in reds:
                     v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
-                    red = x.attrs["red"]
+                    red, acc = x.attrs["red"], f"acc{x.id}{lane}"
                     if red == "sum":
-                        out.append(f"acc{x.id} += {v};")
+                        out.append(f"{acc} += {v};")
                         continue
                     cmp = ">" if red == "max" else "<"
-                    out.append(f"acc{x.id} = ({v} {cmp} acc{x.id}) ? {v} : acc{x.id};")
+                    out.append(f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};")
                     if ctype(x.dtype) == "float":
-                        out.append(f"nan{x.id} |= ({v} != {v});")
+                        out.append(f"nan{x.id}{lane} |= ({v} != {v});")
                 return out
 
             self.loop(has_fast, reds, tail)
@@ -545,7 +602,7 @@ class _Emitter:
             self.row_nodes(stage)
         col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         if col_outs:
-            def tail(path):
+            def tail(path, lane):
                 return [f"out{k}[r * C + c] = {store(self.var(x), spec.dtype)};"
                         for k, x, spec in col_outs]
             self.loop(has_fast, [x for _, x, _ in col_outs], tail)

@@ -24,6 +24,7 @@ import sympy
 import torch
 
 from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, gemm_bias_add
+from . import host_alloc
 from .sizes import size_function
 
 MM = "pi_mm"  # the epilogue program's name for the matmul result
@@ -214,19 +215,37 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
         feeds.append((-1 if src == "mm" else slot[src],
                       None if shape is None else shape_fn(shape)))
 
-    def kernel(inputs: list, syms: tuple) -> list:
+    # the epilogue's outputs are allocated in the tile's shapes (the first getter's), so the
+    # runtime gets the buffers themselves, not views of them, and can pool them
+    final: dict[int, object] = {}
+    for kind, idx, f in outs_spec:
+        if kind != "mm":
+            final.setdefault(idx, f)
+
+    def kernel(inputs: list, syms: tuple, empty=host_alloc.empty) -> list:
         r = product(inputs)
         vals = []
         for i, f in feeds:
             t = r if i < 0 else inputs[i]
             vals.append(t if f is None else t.reshape(f(syms)))
-        res = epi(vals, syms)
+        buffers = []
+
+        def alloc(shape, dtype):
+            f = final.get(len(buffers))
+            buffers.append(empty(shape if f is None else f(syms), dtype))
+            return buffers[-1] if f is None else buffers[-1].view(shape)
+
+        res = epi(vals, syms, alloc)
         out = []
         for kind, idx, f in outs_spec:
-            t = r if kind == "mm" else res[idx]
-            out.append(t if f is None else t.reshape(f(syms)))
+            if kind != "mm" and f is final[idx]:
+                out.append(buffers[idx])
+            else:
+                t = r if kind == "mm" else res[idx]
+                out.append(t if f is None else t.reshape(f(syms)))
         return out
 
     kernel.native, kernel.reason = True, None
+    kernel.takes_allocator = True  # for the epilogue's outputs
     kernel.program = getattr(epi, "program", None)
     return kernel

@@ -105,11 +105,19 @@ class _Planner:
                 if p is not None and (id(p), id(node)) not in seen:
                     seen.add((id(p), id(node)))
                     self.edges.append((p, node))
-        # Compute ops reading the same value: sibling candidates (a shared read saved).
+        # Compute ops reading the same value, or views of it: sibling candidates (a shared
+        # read saved, or one kernel call for two: attention's Q and V copies from the QKV
+        # projection's output).
+        def root(name: str) -> str:
+            p = producers.get(name)
+            while isinstance(p, TileOp) and p.is_view and p.inputs:
+                name, p = p.inputs[0], producers.get(p.inputs[0])
+            return name
+
         readers: dict[str, list[Node]] = {}
         for node in graph.nodes:
             if self.fusable(node) and not node.is_view:
-                for name in dict.fromkeys(node.inputs):
+                for name in dict.fromkeys(map(root, node.inputs)):
                     readers.setdefault(name, []).append(node)
         self.siblings = [r[:MAX_SIBLINGS] for r in readers.values() if len(r) > 1]
         self._tile_cache: dict[tuple, TilePlan] = {}

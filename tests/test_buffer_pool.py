@@ -1,0 +1,98 @@
+"""The native runtime's buffer pool: kernel outputs that die inside a graph serve its next
+call, and nothing a caller can still see is ever overwritten."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pypto_inductor.codegen import host_alloc
+from pypto_inductor.report import collect
+
+
+def _compile(fn, **options):
+    return torch.compile(fn, backend="pypto",
+                         options={"target": "cpu", "fallback": "error", **options})
+
+
+def _chain(x, w):
+    """Three kernels (the matmul splits them); the first two outputs die inside the graph,
+    the second one through a view."""
+    h = torch.softmax(x * 2.0, -1)
+    g = torch.relu(h @ w - 0.1).reshape(-1, w.shape[1])
+    return torch.tanh(g.t() @ g) + 1.0
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """Counts host_alloc.empty calls (fresh buffers)."""
+    count = [0]
+    real = host_alloc.empty
+
+    def counting(shape, dtype):
+        count[0] += 1
+        return real(shape, dtype)
+
+    monkeypatch.setattr(host_alloc, "empty", counting)
+    return count
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_internal_buffers_are_reused_across_calls(keep, allocations, tol):
+    w = torch.randn(64, 48)
+    xs = [torch.randn(8, 32, 64) for _ in range(3)]
+    with torch.no_grad(), collect() as graphs:
+        compiled = _compile(_chain, keep_buffers=keep)
+        outs = [compiled(xs[0], w)]
+        first = allocations[0]
+        outs += [compiled(x, w) for x in xs[1:]]
+    assert sum(step[0] == "kernel" for step in graphs[0].compiled.program) >= 3
+    # with the pool only the returned tensor is new on each later call
+    assert (allocations[0] - first) / 2 == (1 if keep else first)
+    for x, out in zip(xs, outs):  # earlier results are intact
+        torch.testing.assert_close(out, _chain(x, w), **tol(torch.float32))
+
+
+def test_returned_tensors_and_their_bases_are_never_reused(tol):
+    """A returned kernel output, and a kernel output returned through a view, stay intact
+    after later calls."""
+    def fn(x):
+        a = torch.exp(x) * 0.5  # returned through a view
+        b = torch.tanh(a) + x  # internal
+        return a.t(), torch.sigmoid(b) * 2.0
+
+    compiled = _compile(fn)
+    xs = [torch.randn(40, 24) for _ in range(4)]
+    with torch.no_grad():
+        outs = [compiled(x) for x in xs]
+    for x, out in zip(xs, outs):
+        torch.testing.assert_close(out, fn(x), **tol(torch.float32))
+
+
+def test_saved_activations_survive_later_calls(tol):
+    """Training: tensors saved for backward are graph outputs, so a second forward cannot
+    overwrite the first one's before its backward runs."""
+    ln = torch.nn.LayerNorm(32)
+    compiled = _compile(lambda x: torch.nn.functional.gelu(ln(x * 1.5)).sum(-1))
+    x1, x2 = (torch.randn(16, 32, requires_grad=True) for _ in range(2))
+    y1, y2 = compiled(x1), compiled(x2)
+    (y1 * torch.arange(16.0)).sum().backward()
+    y2.sum().backward()
+    e1, e2 = (x.detach().clone().requires_grad_() for x in (x1, x2))
+    ref = lambda x: torch.nn.functional.gelu(ln(x * 1.5)).sum(-1)  # noqa: E731
+    (ref(e1) * torch.arange(16.0)).sum().backward()
+    ref(e2).sum().backward()
+    torch.testing.assert_close(x1.grad, e1.grad, **tol(torch.float32))
+    torch.testing.assert_close(x2.grad, e2.grad, **tol(torch.float32))
+
+
+def test_dynamic_sizes_empty_the_pool(tol):
+    compiled = torch.compile(_chain, backend="pypto", dynamic=True,
+                             options={"target": "cpu", "fallback": "error"})
+    w = torch.randn(64, 48)
+    with torch.no_grad(), collect() as graphs:
+        for rows in (8, 5, 8, 3):
+            x = torch.randn(rows, 32, 64)
+            torch.testing.assert_close(compiled(x, w), _chain(x, w), **tol(torch.float32))
+    pool = graphs[0].compiled.pool
+    shapes = {shape for shape, _ in pool.free}
+    assert shapes and all(shape[0] in (3, 3 * 32) for shape in shapes), shapes
