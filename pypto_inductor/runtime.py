@@ -56,7 +56,7 @@ class CompiledGraph:
         self.kernel_native: dict[str, dict] = {}
         self.timings: dict[str, list[float]] = {}
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
-        self.pool = host_alloc.BufferPool() if config.keep_buffers else None
+        self.pool = host_alloc.BufferPool() if config.keep_buffers and _use_count else None
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.program = [self._compile_step(step, target) for step in plan.steps]
         self._free_after = self._liveness()
@@ -222,7 +222,7 @@ def _alone_counts() -> tuple[int, int]:
     return _getrefcount(t), _uses(t)
 
 
-_ALONE_REFS, _ALONE_USES = _alone_counts() if _use_count is not None else (-1, -1)
+_ALONE_REFS, _ALONE_USES = _alone_counts() if _use_count else (None, None)  # no pool then
 
 
 def extern_op_counts(plan: FusionPlan) -> dict[str, int]:

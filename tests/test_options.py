@@ -52,6 +52,7 @@ def test_unknown_option_names_key_and_valid_options():
     ("buffering", 4, ["1, 2 or 3"]),
     ("fusion", "yes", ["True or False"]),
     ("profile", 1, ["True or False"]),
+    ("keep_buffers", "no", ["True or False"]),
     ("fallback_ops", ["gelu"], ["aten.gelu"]),
     ("fallback_ops", ["aten.gelux"], ["'aten.gelux' is not an ATen operator"]),
     ("fallback_ops", ["aten.gelu.nope"], ["'aten.gelu.nope' is not an ATen operator"]),

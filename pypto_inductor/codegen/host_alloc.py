@@ -60,7 +60,7 @@ class BufferPool:
     """Output buffers of one compiled graph's native kernels, kept for its next calls.
 
     The runtime hands a kernel output back when its slot dies and nothing else holds it
-    (see ``runtime._recyclable``); a later kernel wanting the same shape and dtype takes it
+    (``CompiledGraph.__call__``: no other reference, no view); a later kernel wanting the same shape and dtype takes it
     instead of allocating. Inside a block an allocation cost 4-12 us (glibc sorting the
     chunks the previous steps freed), as much as a 1 MiB kernel's wrapper. The pool holds
     at most the graph's peak of live kernel outputs, and is emptied when the size

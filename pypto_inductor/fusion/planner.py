@@ -106,7 +106,7 @@ class _Planner:
                     seen.add((id(p), id(node)))
                     self.edges.append((p, node))
         # Compute ops reading the same value, or views of it: sibling candidates (a shared
-        # read saved, or one kernel call for two: attention's Q and V copies from the QKV
+        # read saved, or one kernel call for two: attention's Q and K copies from the QKV
         # projection's output).
         def root(name: str) -> str:
             p = producers.get(name)
