@@ -82,7 +82,10 @@ class CompiledGraph:
             outs = self._define(step.outputs)
             if self.pool is not None and getattr(kernel, "takes_allocator", False):
                 self.pooled.update(s for s in outs if s is not None)
-                kernel = functools.partial(kernel, empty=self.pool.empty)
+                # a kernel whose output is returned allocates afresh: taking a pooled
+                # buffer there would hand it to the caller and leave a later kernel a miss
+                if not set(step.outputs) & set(graph.outputs):
+                    kernel = functools.partial(kernel, empty=self.pool.empty)
             return ("kernel", step.name, kernel, ins, outs)
         if isinstance(step, TileOp):  # a view: zero-copy through torch
             run = reference.op_runner(step, symbols)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pypto_inductor import models
 from pypto_inductor.codegen import host_alloc
 from pypto_inductor.report import collect
 
@@ -96,3 +97,22 @@ def test_dynamic_sizes_empty_the_pool(tol):
     pool = graphs[0].compiled.pool
     shapes = {shape for shape, _ in pool.free}
     assert shapes and all(shape[0] in (3, 3 * 32) for shape in shapes), shapes
+
+
+def test_a_returned_output_never_takes_a_pooled_buffer(allocations, tol):
+    """In the transformer block the final residual add is returned and has the shape of
+    the LayerNorm buffers: it allocates afresh instead of taking one of them, so after the
+    first call the pool serves every internal buffer and the result is the only new one."""
+    torch.manual_seed(0)
+    block = models.TransformerBlock(64, 4, 128).eval()
+    xs = [torch.randn(2, 16, 64) for _ in range(4)]
+    with torch.no_grad(), collect() as graphs:
+        compiled = torch.compile(block, backend="pypto", options={"target": "cpu"})
+        outs = [compiled(xs[0])]
+        pool = graphs[0].compiled.pool
+        misses, before = pool.misses, allocations[0]
+        outs += [compiled(x) for x in xs[1:]]
+    assert pool.misses == misses
+    assert allocations[0] - before == len(xs) - 1
+    for x, out in zip(xs, outs):
+        torch.testing.assert_close(out, block(x), **tol(torch.float32))

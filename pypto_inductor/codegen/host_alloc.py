@@ -70,6 +70,7 @@ class BufferPool:
     def __init__(self):
         self.free: dict[tuple, list[torch.Tensor]] = {}
         self.syms: tuple | None = None
+        self.misses = 0  # allocations the pool could not serve
 
     def start(self, syms: tuple) -> None:
         """Called before each run of the graph with its size symbols."""
@@ -79,7 +80,10 @@ class BufferPool:
 
     def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         buffers = self.free.get((shape, dtype))
-        return buffers.pop() if buffers else empty(shape, dtype)
+        if buffers:
+            return buffers.pop()
+        self.misses += 1
+        return empty(shape, dtype)
 
     def give(self, t: torch.Tensor) -> None:
         self.free.setdefault((tuple(t.shape), t.dtype), []).append(t)
