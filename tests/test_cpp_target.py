@@ -275,6 +275,18 @@ def test_row_sums_in_lanes_at_every_remainder(dtype, built, tol):
     assert any("const int64_t cq =" in src for src in sources)  # the lanes ran
 
 
+def test_layernorm_sums_its_row_once_for_mean_and_var(built, tol):
+    """var_mean's mean and the normalisation's mean are one accumulator, not two."""
+    ln = torch.nn.LayerNorm(96)
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    check(lambda x: ln(x), rand(33, 96) * 3, built=built, **tol(torch.float32))
+    (_, kernel), = built
+    reductions = [n for n in kernel.program.nodes if n.kind == "reduce"]
+    assert sorted(n.attrs["red"] for n in reductions) == ["sum", "sum"]  # mean, variance
+
+
 def test_non_native_tile_runs_reference_without_warning(built):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -154,6 +154,7 @@ class _Analyser:
         self.part_env: dict[tuple, Node] = {}
         self.cat_bounds: list | None = None
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
+        self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
@@ -162,10 +163,19 @@ class _Analyser:
         return n
 
     def expr(self, level, fmt, *args) -> Node:
-        return self.node("expr", level, args, None, fmt=fmt)
+        return self.shared("expr", level, args, None, fmt=fmt)
 
     def reduce(self, red, x: Node, acc_dtype=None) -> Node:
-        return self.node("reduce", "row", [x], acc_dtype, red=red)
+        return self.shared("reduce", "row", [x], acc_dtype, red=red)
+
+    def shared(self, kind, level, args, vdtype, **attrs) -> Node:
+        """A pure node, made once: LayerNorm's var_mean and mean both sum the row, and
+        the kernel then keeps one accumulator for the two."""
+        key = (kind, level, tuple(getattr(a, "id", a) for a in args), vdtype,
+               tuple(sorted(attrs.items())))
+        if key not in self.made:
+            self.made[key] = self.node(kind, level, args, vdtype, **attrs)
+        return self.made[key]
 
     # --- contexts ------------------------------------------------------------------
     def context(self, shape) -> tuple:
