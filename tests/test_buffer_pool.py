@@ -116,3 +116,32 @@ def test_a_returned_output_never_takes_a_pooled_buffer(allocations, tol):
     assert allocations[0] - before == len(xs) - 1
     for x, out in zip(xs, outs):
         torch.testing.assert_close(out, block(x), **tol(torch.float32))
+
+
+def test_threads_calling_one_compiled_graph_get_their_own_buffers(tol):
+    """The kernels release the GIL: two threads running the same graph at once each take
+    their own pooled buffers and pointer arrays, and both get their own right answers."""
+    import threading
+
+    w = torch.randn(64, 48)
+    compiled = _compile(_chain)
+    with torch.no_grad():
+        compiled(torch.randn(8, 32, 64), w)
+    errors = []
+
+    def worker(seed):
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            with torch.no_grad():
+                for _ in range(20):
+                    x = torch.randn(8, 32, 64, generator=gen)
+                    torch.testing.assert_close(compiled(x, w), _chain(x, w), **tol(torch.float32))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
