@@ -61,7 +61,7 @@ class BufferPool:
 
     The runtime hands a kernel output back when its slot dies and nothing else holds it
     (``CompiledGraph.__call__``: no other reference, no view); a later kernel wanting the same shape and dtype takes it
-    instead of allocating. Inside a block an allocation cost 4-12 us (glibc sorting the
+    instead of allocating. Inside a block an allocation cost 4-16 us (glibc sorting the
     chunks the previous steps freed), as much as a 1 MiB kernel's wrapper. The pool holds
     at most the graph's peak of live kernel outputs, and is emptied when the size
     symbols change, so calls at many sizes do not pile up buffers.
