@@ -43,9 +43,30 @@ def _madvise():
 _MADVISE = _madvise()
 
 
+# torch.empty parses its arguments in Python's arg parser (2.2 us a call here); Inductor's
+# allocator entry point takes the strides ready-made (0.8 us). Strides are cached per shape.
+_empty_strided = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards,
+                         "_empty_strided_cpu", None)
+_contiguous: dict[tuple, tuple] = {}
+
+
+def _strides(shape: tuple) -> tuple:
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= max(d, 1)
+    if len(_contiguous) > 1024:
+        _contiguous.clear()
+    stride = _contiguous[shape] = tuple(reversed(strides))
+    return stride
+
+
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty, with huge pages advised for the 2 MiB-aligned part of large buffers."""
-    out = torch.empty(shape, dtype=dtype)
+    if _empty_strided is not None and type(shape) is tuple:
+        out = _empty_strided(shape, _contiguous.get(shape) or _strides(shape), dtype)
+    else:
+        out = torch.empty(shape, dtype=dtype)
     if _MADVISE is not None:
         nbytes = out.numel() * out.element_size()
         if nbytes >= MIN_ADVISED_BYTES:
