@@ -91,7 +91,7 @@ def measure_call_us(calls: int = 500, batches: int = 7, warmup: int = 2000) -> f
     """Microseconds per call of a trivial native kernel through the cpu target's wrapper."""
     import torch
 
-    from .codegen import cpp, cpp_build, host_alloc
+    from .codegen import cpp, cpp_build
     from .ir import TensorSpec
 
     if cpp_build.find_compiler() is None:

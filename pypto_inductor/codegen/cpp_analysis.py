@@ -83,6 +83,10 @@ class Program:
     fast: list  # per access: "unit", "bcast" or "strided" (expected column layout)
     symbols: list
     cat_bounds: list = dataclasses.field(default_factory=list)  # column cats: part ends
+    # a column reduction: the domain is the tile's with its reduced (leading) dims moved
+    # last, so rows are the kept dims; the kernel walks memory rows and keeps one
+    # accumulator per kept element (cpp_emit_columns)
+    transposed: bool = False
 
 
 def _compute_dtype(dt):
@@ -155,6 +159,7 @@ class _Analyser:
         self.cat_bounds: list | None = None
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
+        self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
@@ -241,6 +246,8 @@ class _Analyser:
             if q > len(shape):
                 raise NotNative(f"input {name} has more dims than its use")
             dims = [None] * (len(shape) - q) + list(range(q))
+            if self.perm is not None:  # shape is a tshape: read the input permuted alike
+                dims = [dims[p] for p in self.perm]
         dims = list(dims)[:len(shape) - cut]
         if kind == "col" and len(frame) == len(shape) - cut + 1:  # last dim split (q, L)
             j = dims[-1]
@@ -364,7 +371,8 @@ class _Analyser:
         axes = tuple(dom.reduce_axes)
         self.m_red = len(axes)
         if axes and axes != tuple(range(n - len(axes), n)):
-            raise NotNative(f"reduction over dims {list(axes)} is not over the innermost dims")
+            self.transpose(tile, axes)
+            n = len(self.D)
         self.m = len(axes)  # a pointwise tile's column dims are chosen after its accesses
         # the column length every value's frame ends with: the reduced dim, or for a
         # pointwise tile the shortest last dim (longer ones are split, see split_last)
@@ -386,11 +394,43 @@ class _Analyser:
             if name not in self.env:
                 raise NotNative(f"tile output {name} is a view of an input")
         outputs = [(self.env[name], graph.specs[name]) for name in tile.outputs]
+        if self.perm is not None and any(
+                x.level == "col" and not _same_shape(spec.shape, dom.shape)
+                for x, spec in outputs):
+            raise NotNative("a column reduction's per-element output has another shape than "
+                            "the tile")
         m = self.m if axes else self.pointwise_columns()
+        # a column reduction vectorises along its last kept dim, the others along columns
+        along = range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
                        [graph.specs[i] for i in tile.inputs], outputs,
-                       [self.classify(a, m) for a in self.access_list], graph.symbols,
-                       list(self.cat_bounds or []))
+                       [self.classify(a, along) for a in self.access_list], graph.symbols,
+                       list(self.cat_bounds or []), self.perm is not None)
+
+    # --- column reductions ---------------------------------------------------------------
+    def transpose(self, tile: FusionTile, axes: tuple) -> None:
+        """Analyse a reduction over leading dims in the domain with those dims moved last:
+        it is then a row reduction whose rows are the kept dims (every shape goes through
+        :meth:`tshape`, every input read through the same permutation)."""
+        n = len(self.D)
+        if axes != tuple(range(len(axes))):
+            raise NotNative(f"reduction over dims {list(axes)} is neither over the innermost "
+                            "nor over the outermost dims")
+        if any(op.op in ("view", "cat", "full") for op in tile.ops):
+            raise NotNative("a column reduction with views or cats inside is not native yet")
+        self.perm = tuple(range(len(axes), n)) + axes
+        self.D = self.tshape(self.D)
+
+    def tshape(self, shape) -> tuple:
+        """A shape of the tile in the analysed domain: aligned right to the domain's rank
+        (broadcasting; a reduction over leading dims drops them) and permuted."""
+        shape = tuple(shape)
+        if self.perm is None:
+            return shape
+        if len(shape) > len(self.perm):
+            raise NotNative(f"a value of shape {list(shape)} has more dims than the tile")
+        full = (1,) * (len(self.perm) - len(shape)) + shape
+        return tuple(full[p] for p in self.perm)
 
     # --- cat along the columns --------------------------------------------------------
     def cat_part_ops(self) -> set:
@@ -476,13 +516,15 @@ class _Analyser:
         if self.row_cat_dims:  # a row cat's dim stays a row dim
             top = min(top, n - 1 - max(self.row_cat_dims))
         for m in range(top, 1, -1):
-            if all(not a.col or self.classify(a, m) != "strided" for a in self.access_list):
+            if all(not a.col or self.classify(a, range(n - m, n)) != "strided"
+                   for a in self.access_list):
                 return m
         return min(top, 1)
 
-    def classify(self, a: Access, m: int) -> str:
-        """The expected layout of an access over the m trailing dims, from the size hints."""
-        if not a.col:
+    def classify(self, a: Access, dims: range) -> str:
+        """The expected layout of an access over the given (trailing) domain dims, from the
+        size hints."""
+        if not a.col and self.perm is None:
             return "bcast"
         spec = self.graph.specs[self.tile.inputs[a.input]]
         hint = self.graph.hint
@@ -490,7 +532,7 @@ class _Analyser:
         shift = len(a.frame) - n  # frame dim of domain dim d: d + shift (column dims)
         unit = bcast = True
         contiguous = 1
-        for d in range(n - 1, n - m - 1, -1):
+        for d in reversed(dims):
             size = hint(self.D[d])
             j, mult = _dim_mult(a.dims[d + shift])
             es = 0 if j is None or hint(spec.shape[j]) == 1 else \
@@ -504,7 +546,7 @@ class _Analyser:
     def lower(self, op: TileOp) -> Node | None:
         if op.op == "view":
             return self.lower_view(op)
-        ctx = self.context(tuple(op.out.shape))
+        ctx = self.context(self.tshape(op.out.shape))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
         if op.kind is OpKind.REDUCTION:
@@ -520,7 +562,7 @@ class _Analyser:
         args = [self.operand(a, ctx) for a in op.args]
         common = self.common_dtype(op, args)
         level = "col" if ctx[0] == "col" else "row"
-        return self.node("op", level, args, op.out.dtype, op.out.shape, op=op.op,
+        return self.node("op", level, args, op.out.dtype, ctx[1], op=op.op,
                          common=common, **op.attrs)
 
     def common_dtype(self, op: TileOp, args) -> torch.dtype:
@@ -559,8 +601,11 @@ class _Analyser:
         dims = tuple(op.attrs.get("dims", ()))
         src = op.args[0]
         shape = tuple(self.graph.specs[src].shape) if isinstance(src, str) else ()
-        if dims != tuple(range(len(shape) - self.m, len(shape))):
+        reduced = tuple(range(self.m)) if self.perm is not None else \
+            tuple(range(len(shape) - self.m, len(shape)))
+        if dims != reduced or (self.perm is not None and len(shape) != len(self.D)):
             raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
+        shape = self.tshape(shape)
         sctx = self.context(shape)
         if sctx[0] != "col":
             raise NotNative(f"{name} input shape differs from the tile domain")
@@ -616,7 +661,7 @@ class _Analyser:
 
     def round(self, v: Node, dtype, op: TileOp) -> Node:
         """The value as the op's result: rounded to its dtype."""
-        return self.node("op", v.level, [v], dtype, op.out.shape, op="copy",
+        return self.node("op", v.level, [v], dtype, self.tshape(op.out.shape), op="copy",
                          common=v.dtype or torch.float32)
 
 

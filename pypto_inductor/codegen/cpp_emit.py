@@ -218,6 +218,10 @@ def emit(p) -> str:
     from .cpp_analysis import NotNative
 
     try:
+        if p.transposed:
+            from .cpp_emit_columns import ColumnEmitter
+
+            return ColumnEmitter(p).source()
         return _Emitter(p).source()
     except NotEmittable as e:
         raise NotNative(str(e)) from e
@@ -254,7 +258,9 @@ class _Emitter:
     def w(self, line: str) -> None:
         self.lines.append(line)
 
-    def source(self) -> str:
+    def head(self) -> None:
+        """The function's start: sizes, rows R and columns C, pointers, and each access's
+        stride per frame dim (``a<k>_<d>``)."""
         p, n = self.p, self.n
         w = self.w
         w(PRELUDE + _EXTRA_PRELUDE)
@@ -277,7 +283,6 @@ class _Emitter:
         for k, (_, spec) in enumerate(p.outputs):
             w(f"  {STORAGE[spec.dtype]}* __restrict__ out{k} = "
               f"({STORAGE[spec.dtype]}*)ptrs[{len(p.input_specs) + k}];")
-        fast_checks = []
         for k, a in enumerate(p.accesses):
             q = len(p.input_specs[a.input].shape)
             o = offsets[a.input]
@@ -292,6 +297,13 @@ class _Emitter:
             if a.row_shift:  # a row cat's part: its first index and length along the dim
                 e, off = a.row_shift
                 w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
+
+    def source(self) -> str:
+        p, n = self.p, self.n
+        w = self.w
+        self.head()
+        fast_checks = []
+        for k, a in enumerate(p.accesses):
             if a.col and p.fast[k] != "strided":
                 contiguous = "1"
                 for d in range(n - 1, self.outer - 1, -1):

@@ -1,0 +1,232 @@
+"""C++ source for a column reduction (a :class:`cpp_analysis.Program` with ``transposed``).
+
+A reduction over a tensor's leading dims (a bias gradient: ``grad.sum([0, 1])``)
+is analysed as a row reduction over the domain with those dims moved last, so
+its rows are the kept elements; but in memory the kept dims are the inner ones.
+Walking each row would read one element per cache line. So the kernel takes
+blocks of ``ROWS_PER_BLOCK`` consecutive rows along the last kept dim, runs the
+reduced elements in its outer loop, and in the inner loop updates one
+accumulator per row of the block from consecutive addresses (vectorised). Row
+values (per kept element) are arrays over the block. Work items are blocks,
+under ``omp parallel for``; a fast path with unit/zero strides along the block
+(checked once per call) sits beside a generic strided one.
+"""
+from __future__ import annotations
+
+from .cpp_emit import PARALLEL_MIN, _Emitter, _expr, _init, conv, ctype, load, store
+
+ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
+SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
+
+
+class ColumnEmitter(_Emitter):
+    def source(self) -> str:
+        p, w = self.p, self.w
+        last = self.outer - 1  # the last kept dim: blocks run along it
+        self.last = last
+        self.head()
+        checks = [f"(D{last} == 1 || a{k}_{last} == {'1' if f == 'unit' else '0'})"
+                  for k, f in enumerate(p.fast) if f != "strided"]
+        w(f"  const bool fast = {' && '.join(checks) or 'true'}; (void)fast;")
+        reds = self.reductions(1)
+        outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
+        # one pass, per-element outputs known before it: the columns may be split
+        splittable = self.passes == 1 and all(self.stage[x.id] == 0 for _, x, _ in outs)
+        # Blocks of whole memory rows (up to ROWS_PER_BLOCK) read memory in long runs: a
+        # block split between the threads reads each row in parts, a page apart, and the
+        # prefetcher starts over on every one (8192x1024 sum(0): 1.8 ms on 2 threads, as
+        # on one). So too few blocks for the threads split the columns (partial sums), or
+        # when there is more than one pass, the blocks.
+        w("  const int64_t K = D{0}, Ro = K > 0 ? R / K : 0;".format(last))
+        w(f"  int64_t NB = std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1)), S = 1;")
+        w("  if (nt > 1 && Ro * ((K + NB - 1) / NB) < nt) {")
+        if splittable:
+            w(f"    if (C >= {SPLIT_MIN} * nt) S = nt; else")
+        w("    NB = std::max<int64_t>(16, ((K + nt - 1) / nt + 15) / 16 * 16);")
+        w("  }")
+        w("  const int64_t NKB = (K + NB - 1) / NB, W = Ro * NKB;")
+        if not splittable:
+            self.work_items("W", split=False)
+            self.body(outs)
+            w("  }")
+            w("}")
+            return "\n".join(self.lines) + "\n"
+        # pass 1 per (block, column part) into partial accumulators, then one item per
+        # block combines them
+        for x in reds:
+            t = ctype(x.dtype)
+            w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
+            if self.has_nan(x):
+                w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
+        self.work_items("W * S", split=True)
+        self.row_nodes(0)
+        self.init(reds)
+        self.sweep(reds, outs)
+        self.block_loop([f"part{x.id}[s * R + r0 + j] = acc{x.id}[j];" for x in reds] +
+                        [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
+                         for x in reds if self.has_nan(x)])
+        w("  }")
+        self.work_items("W", split=False)
+        self.row_nodes(0)
+        for x in reds:
+            self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
+            if self.has_nan(x):
+                self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
+            lines = [f"acc{x.id}[j] = part{x.id}[r0 + j];"]
+            if self.has_nan(x):
+                lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
+            lines.append("for (int64_t q = 1; q < S; ++q) {")
+            lines += ["  " + line for line in self.update(
+                x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
+            lines.append("}")
+            self.block_loop(lines)
+        self.finish(reds, 1)
+        self.outputs()
+        w("  }")
+        for x in reds:
+            w(f"  std::free(part{x.id});")
+            if self.has_nan(x):
+                w(f"  std::free(pnan{x.id});")
+        w("}")
+        return "\n".join(self.lines) + "\n"
+
+    def work_items(self, count: str, split: bool) -> None:
+        """Open the parallel loop over work items: a block of NB rows along the last kept
+        dim (rows r0 + j for j < nr), and with ``split`` the columns' part s of S."""
+        p, w, last = self.p, self.w, self.last
+        w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
+          f"if(nt > 1 && {count} > 1 && R * C >= {PARALLEL_MIN})")
+        w(f"  for (int64_t wi = 0; wi < {count}; ++wi) {{")
+        if split:
+            w("    const int64_t s = wi % S, wb = wi / S;")
+            w("    const int64_t c_lo = C * s / S, c_hi = C * (s + 1) / S;")
+        else:
+            w("    const int64_t wb = wi, c_lo = 0, c_hi = C;")
+        w("    (void)c_lo; (void)c_hi;")
+        w("    const int64_t ro = wb / NKB, k0 = (wb % NKB) * NB, r0 = ro * K + k0;")
+        w("    const int64_t nr = std::min<int64_t>(NB, K - k0);")
+        w("    int64_t t = ro; (void)t;")
+        for d in range(last - 1, -1, -1):
+            w(f"    const int64_t i{d} = t % D{d}; t /= D{d};")
+        w(f"    const int64_t i{last} = k0;")
+        for k in range(len(p.accesses)):
+            base = " + ".join(f"i{d} * a{k}_{d}" for d in range(self.outer))
+            w(f"    const int64_t b{k} = {base};")
+
+    # --- values ------------------------------------------------------------------------
+    def var(self, x) -> str:
+        return f"v{x.id}[j]" if x.level == "row" else f"v{x.id}"
+
+    def along(self, k: int, path: str) -> str:
+        """Access k's offset for row j of the block."""
+        if path == "fast" and self.p.fast[k] != "strided":
+            return "j" if self.p.fast[k] == "unit" else "0"
+        return f"j * a{k}_{self.last}"
+
+    def define(self, x, ind: str, col: bool, path: str = "fast") -> None:
+        if x.kind == "load":
+            k = x.attrs["access"]
+            a = self.p.accesses[k]
+            idx = f"b{k} + {f'o{k} + ' if a.col else ''}{self.along(k, path)}"
+            rhs = load(f"in{a.input}[{idx}]", self.p.input_specs[a.input].dtype)
+        else:
+            rhs = _expr(x, self.var)
+        self.w(f"{ind}const {ctype(x.dtype)} v{x.id} = {rhs};" if col else
+               f"{ind}{self.var(x)} = {rhs};")
+
+    def block_loop(self, lines: list[str], ind: str = "    ") -> None:
+        self.w(f"{ind}for (int64_t j = 0; j < nr; ++j) {{")
+        for line in lines:
+            self.w(f"{ind}  {line}")
+        self.w(f"{ind}}}")
+
+    def row_nodes(self, stage: int) -> None:
+        xs = [x for x in self.p.nodes if x.level == "row" and x.id in self.needed
+              and self.stage[x.id] == stage and x.kind != "reduce"]
+        for x in xs:
+            self.w(f"    {ctype(x.dtype)} v{x.id}[{ROWS_PER_BLOCK}];")
+        if xs:
+            self.w("    for (int64_t j = 0; j < nr; ++j) {")
+            for x in xs:
+                self.define(x, "      ", col=False, path="generic")
+            self.w("    }")
+
+    # --- passes ------------------------------------------------------------------------
+    def reductions(self, stage: int) -> list:
+        return [x for x in self.p.nodes if x.kind == "reduce" and x.id in self.needed
+                and self.stage[x.id] == stage]
+
+    @staticmethod
+    def has_nan(x) -> bool:  # a float max/min keeps a NaN flag (the result is NaN if any)
+        return ctype(x.dtype) == "float" and x.attrs["red"] != "sum"
+
+    def init(self, reds) -> None:
+        for x in reds:
+            self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
+            if self.has_nan(x):
+                self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
+            self.block_loop([f"acc{x.id}[j] = {_init(x)};"] +
+                            ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
+
+    def update(self, x, v: str, nan: str) -> list[str]:
+        """Lines folding value v (and its NaN flag, for a float max/min) into x's row j."""
+        acc = f"acc{x.id}[j]"
+        if x.attrs["red"] == "sum":
+            return [f"{acc} += {v};"]
+        cmp = ">" if x.attrs["red"] == "max" else "<"
+        return [f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};"] + (
+            [f"nan{x.id}[j] |= {nan};"] if self.has_nan(x) else [])
+
+    def finish(self, reds, stage: int) -> None:
+        """The reductions' values, then the row values computed from them."""
+        self.block_loop([f"v{x.id}[j] = nan{x.id}[j] ? NAN : acc{x.id}[j];" if self.has_nan(x)
+                         else f"v{x.id}[j] = acc{x.id}[j];" for x in reds])
+        self.row_nodes(stage)
+
+    def outputs(self) -> None:
+        self.block_loop([f"out{k}[r0 + j] = {store(self.var(x), spec.dtype)};"
+                         for k, (x, spec) in enumerate(self.p.outputs) if x.level == "row"])
+
+    def body(self, outs) -> None:
+        """Every pass for one block over all columns. A per-element output is written by
+        the first pass that has its value, or by one more pass after the last."""
+        self.row_nodes(0)
+        for stage in range(1, self.passes + 1):
+            reds = self.reductions(stage)
+            self.init(reds)
+            self.sweep(reds, [o for o in outs if self.stage[o[1].id] < stage])
+            outs = [o for o in outs if self.stage[o[1].id] >= stage]
+            self.finish(reds, stage)
+        if outs:
+            self.sweep([], outs)
+        self.outputs()
+
+    def sweep(self, reds, outs) -> None:
+        """One pass over columns c_lo..c_hi (reduced elements) for the block: reductions
+        ``reds`` accumulate, per-element outputs ``outs`` are stored (the tile's order in
+        memory is column-major over the analysed domain)."""
+        p, w = self.p, self.w
+        deps = self.col_deps([a for x in reds for a in x.args] + [x for _, x, _ in outs])
+        for path in ("fast", "generic"):
+            w("    if (fast) {" if path == "fast" else "    else {")
+            w("     for (int64_t c = c_lo; c < c_hi; ++c) {")
+            w("      int64_t u = c; (void)u;")
+            for d in range(self.n - 1, self.outer - 1, -1):
+                w(f"      const int64_t u{d} = u % D{d}; u /= D{d};")
+            for k, a in enumerate(p.accesses):
+                if a.col:
+                    off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
+                    w(f"      const int64_t o{k} = {off};")
+            w("      #pragma omp simd")
+            w("      for (int64_t j = 0; j < nr; ++j) {")
+            for x in deps:
+                self.define(x, "        ", col=True, path=path)
+            for x in reds:
+                v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
+                for line in self.update(x, v, f"({v} != {v})"):
+                    w(f"        {line}")
+            for k, x, spec in outs:
+                w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+            w("      }")
+            w("     }")
+            w("    }")

@@ -1,0 +1,98 @@
+"""Column reductions on the native CPU target: reductions over a tensor's leading dims
+(bias and norm-weight gradients) against eager, on the native kernel (cpp_emit_columns)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pypto_inductor import models
+from pypto_inductor.report import collect
+from test_cpp_target import DTYPES, _cache, built, check, check_sizes, rand  # noqa: F401
+
+COLUMN_REDUCTIONS = {
+    "sum": lambda x: x.sum(0), "sum01_keepdim": lambda x: x.sum((0, 1), keepdim=True),
+    "mean": lambda x: x.mean(0), "amax": lambda x: x.amax((0, 1)),
+    "amin": lambda x: x.amin(0, keepdim=True), "var": lambda x: x.var(0),
+    "std0": lambda x: x.std((0, 1), correction=0), "argmax": lambda x: x.argmax(0),
+    "argmin": lambda x: x.argmin(0),
+}
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(COLUMN_REDUCTIONS))
+def test_column_reductions(name, dtype, built, tol):
+    x = rand(7, 33, 130, dtype=dtype) * 3.0
+    check(COLUMN_REDUCTIONS[name], x, built=built, **tol(dtype))
+
+
+def test_integer_and_bool_column_sums(built):
+    def fn(i, b):
+        return i.sum(0), i.amax(0), b.sum((0, 1))
+    check(fn, torch.randint(-50, 50, (40, 3, 70), dtype=torch.int32),
+          torch.rand(5, 9, 70) > 0.5, built=built)
+
+
+def test_column_reduction_with_prologue_and_per_element_outputs(built, tol):
+    def fn(x, w, b):
+        y = x * w + b  # written in the pass that sums it
+        centred = x - x.mean(0)  # needs the sums: one more pass
+        return y, y.sum((0, 1)), centred, (centred * centred).amax(0)
+    check(fn, rand(6, 50, 96), rand(96), rand(50, 96), built=built, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("shape", [(5000, 24), (3, 2100), (2, 40)])
+def test_column_parts_split_between_threads(shape, built, two_threads):
+    """Few kept elements, many reduced ones: the threads split the columns and combine
+    partial sums, maxima and NaN flags."""
+    x = rand(*shape)
+    x[shape[0] // 2, 1] = float("nan")
+    check(lambda x: (x.sum(0), x.amax(0), x.amin(0), x.mean(0)), x, built=built,
+          rtol=1e-4, atol=1e-4)
+
+
+def test_column_reduction_of_strided_input(built):
+    check(lambda x: (x.sum(0), x.amax(0)), rand(300, 64).t(), built=built,
+          rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # eager var() on empty input warns
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+def test_column_reductions_of_empty_tensors(shape, built):
+    check(lambda x: (x.sum(0), x.mean(0), x.var(0)), rand(*shape), built=built)
+
+
+def test_column_reductions_dynamic_sizes_one_compile():
+    """K across one and two blocks of ROWS_PER_BLOCK, split and unsplit columns (sums of
+    up to 4000 products, in another order than eager's: 1e-4)."""
+    sizes = [(9, 70), (300, 3), (2, 1100), (4000, 17), (1, 1)]
+    check_sizes(lambda x, w: ((x * w).sum(0), x.amax(0)),
+                [(rand(r, c), rand(c)) for r, c in sizes], rtol=1e-4, atol=1e-4)
+
+
+def test_middle_dim_reduction_is_not_native(built):
+    check(lambda x: x.sum(1), rand(4, 16, 32), built=built, native=False)
+    assert built and all("neither" in k.reason for _, k in built)
+
+
+def test_transformer_backward_runs_every_tile_natively():
+    torch.manual_seed(0)
+    model, x = models.TransformerBlock(64, 4, 128), rand(2, 16, 64)
+    ref = copy.deepcopy(model)
+    with collect() as graphs:
+        torch.compile(model, backend="pypto", options={"target": "cpu"})(x).square().sum() \
+            .backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    natives = [v for g in graphs for v in g.compiled.kernel_native.values()]
+    assert natives and all(v["native"] for v in natives), natives
