@@ -8,7 +8,8 @@ read, not absolute times. Then each case is compiled again warm (Dynamo reset
 and in-process caches cleared, on-disk caches kept). Memory-bound cases also
 print achieved GB/s (the minimum traffic: inputs, parameters and outputs read
 or written once) against a measured torch copy bandwidth. The summary line is
-the geometric mean of Inductor time / pypto time over all cases.
+the geometric mean of Inductor time / pypto time over all cases. A last table
+times training steps (forward + backward) of the two blocks (``training.py``).
 
 ``--markdown PATH`` also writes the table (with date, machine and command).
 """
@@ -30,6 +31,8 @@ from torch import nn
 
 from pypto_inductor import calibrate, hardware, models
 from pypto_inductor.codegen import cpp_build
+
+from . import training
 
 
 class LinearGeluLinear(nn.Module):
@@ -263,6 +266,13 @@ def main(argv=None) -> int:
     print(" | ".join(tile_cols))
     for r in tile_table:
         print(" | ".join(r))
+    train_rows = training.run(args.scale, args.repeats, args.target, not args.no_inductor,
+                              only)
+    if train_rows:
+        print("# training steps (forward + backward)")
+        print(" | ".join(training.COLUMNS))
+        for r in train_rows:
+            print(" | ".join(r), flush=True)
     if args.markdown:
         command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
         lines = [
@@ -295,6 +305,13 @@ def main(argv=None) -> int:
             "profiled calls (the same measurement as above; it drifts by a third within a "
             "run on this shared machine).", "",
             *_md_table(tile_cols, tile_table), "",
+            "## Training steps", "",
+            "One step of each block: `zero_grad`, `model(x).square().mean().backward()`, "
+            "eager, Inductor and pypto each on its own copy of the model, every gradient "
+            "checked against eager's, then timed as above. These are not in the geometric "
+            "mean (it covers the inference suite). `reference tiles` counts pypto's "
+            "FusionTiles (forward and backward graphs) that do not run natively.", "",
+            *_md_table(training.COLUMNS, train_rows), "",
         ]
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))

@@ -229,10 +229,11 @@ def breakdown(number: int = 20000, repeat: int = 7) -> dict:
 
     import torch
 
-    from .codegen import cpp, cpp_build, host_alloc
+    from .codegen import cpp, cpp_build, host_alloc, native_call
     from .ir import TensorSpec
 
     fn = cpp_build.load(_TRIVIAL, cpp.SYMBOL)
+    call = native_call.extension_call()
     spec = TensorSpec((1,), (1,), torch.float32)
     program = cpp.Program(shape=(1,), m=1, reduction=False, nodes=[], accesses=[],
                           input_specs=[spec], outputs=[(None, spec)], fast=[], symbols=[])
@@ -240,6 +241,8 @@ def breakdown(number: int = 20000, repeat: int = 7) -> dict:
     x, o = torch.zeros(1), torch.empty(1)
     ptrs = (ctypes.c_void_p * 2)(x.data_ptr(), o.data_ptr())
     meta, syms = (ctypes.c_int64 * 2)(1, 1), (ctypes.c_int64 * 1)(0)
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    meta_address, syms_address = ctypes.addressof(meta), ctypes.addressof(syms)
 
     def fill():
         ptrs[0] = x.data_ptr()
@@ -254,9 +257,11 @@ def breakdown(number: int = 20000, repeat: int = 7) -> dict:
     pieces = {
         "native kernel call through the wrapper (gc on)": lambda: kernel([x], ()),
         "  output allocation (host_alloc.empty)": lambda: host_alloc.empty((1,), torch.float32),
-        "  ctypes call of the compiled function": lambda: fn(ptrs, meta, syms, 2),
-        "  filling the pointer array": fill,
         "  stride key of the inputs": lambda: ((), x.stride()),
+        **({"  extension call (data pointers, compiled function)":
+            lambda: call(address, (x, o), meta_address, syms_address, 2)} if call else {}),
+        "  ctypes instead: call of the compiled function": lambda: fn(ptrs, meta, syms, 2),
+        "  ctypes instead: filling the pointer array": fill,
         "torch.empty(1), for comparison": lambda: torch.empty((1,), dtype=torch.float32),
         "eager ((x + 1) * 2).exp() on 1 element (3 ATen ops)": lambda: chain(x),
         "torch.compile(backend='pypto') same chain, 1 kernel": lambda: compiled(x),

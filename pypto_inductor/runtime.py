@@ -87,10 +87,9 @@ class CompiledGraph:
                 if not set(step.outputs) & set(graph.outputs):
                     kernel = functools.partial(kernel, empty=self.pool.empty)
             return ("kernel", step.name, kernel, ins, outs)
-        if isinstance(step, TileOp):  # a view: zero-copy through torch
-            run = reference.op_runner(step, symbols)
+        if isinstance(step, TileOp):  # a view: zero-copy through torch, one result
             ins = [self.slot[n] for n in step.inputs]
-            return ("view", step.name, lambda vals, syms, run=run: [run(vals, syms)], ins,
+            return ("view", step.name, reference.op_runner(step, symbols), ins,
                     self._define([step.name]))
         assert isinstance(step, ExternOp)
         return self._compile_extern(step, symbols)
@@ -183,15 +182,19 @@ class CompiledGraph:
         if pool is not None:
             pool.start(syms)
         for (kind, name, fn, ins, outs), (free, recycle) in zip(self.program, self._free_after):
-            if profile and kind == "kernel":
-                start = time.perf_counter()
-                results = fn([env[s] for s in ins], syms)
-                self.timings.setdefault(name, []).append((time.perf_counter() - start) * 1e6)
+            if kind == "view":  # one result
+                env[outs[0]] = fn([env[s] for s in ins], syms)
             else:
-                results = fn([env[s] for s in ins], syms)
-            for s, r in zip(outs, results):
-                if s is not None:
-                    env[s] = r
+                if profile and kind == "kernel":
+                    start = time.perf_counter()
+                    results = fn([env[s] for s in ins], syms)
+                    self.timings.setdefault(name, []).append(
+                        (time.perf_counter() - start) * 1e6)
+                else:
+                    results = fn([env[s] for s in ins], syms)
+                for s, r in zip(outs, results):
+                    if s is not None:
+                        env[s] = r
             for s in free:
                 env[s] = None
             for s in recycle:

@@ -145,3 +145,21 @@ def test_threads_calling_one_compiled_graph_get_their_own_buffers(tol):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["inductor_entry_point", "torch_empty"])
+def test_outputs_allocated_with_and_without_inductors_entry_point(fast, monkeypatch):
+    """host_alloc.empty uses torch's _empty_strided_cpu when present, torch.empty else:
+    both give contiguous buffers of the right shape and dtype, and the same results."""
+    if not fast:
+        monkeypatch.setattr(host_alloc, "_empty_strided", None)
+    elif host_alloc._empty_strided is None:
+        pytest.fail("torch._C._dynamo.guards._empty_strided_cpu is missing from this torch")
+    for shape, dtype in [((3, 0, 5), torch.float32), ((7, 1, 9), torch.bfloat16), ((), torch.int64)]:
+        t = host_alloc.empty(shape, dtype)
+        ref = torch.empty(shape, dtype=dtype)
+        assert (t.shape, t.stride(), t.dtype) == (ref.shape, ref.stride(), ref.dtype)
+    x, w = torch.randn(6, 16, 8), torch.randn(8, 5)
+    compiled = _compile(_chain, keep_buffers=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, w), _chain(x, w))

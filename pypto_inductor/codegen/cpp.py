@@ -3,7 +3,7 @@
 ``build(tile, graph)`` analyses the tile into a kernel program
 (:mod:`.cpp_analysis`), emits C++ for it (:mod:`.cpp_emit`), compiles it
 through the cached compiler driver (:mod:`.cpp_build`) and returns
-``kernel(inputs, syms) -> outputs`` calling it once through ctypes.
+``kernel(inputs, syms) -> outputs`` calling it once (:mod:`.native_call`, else ctypes).
 ``build_many(tiles, graph)`` does the same for all tiles of a graph, compiling
 their functions together as a few shared libraries built concurrently (what the
 runtime uses). Matmul tiles keep the GEMM on torch's BLAS and run their
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..ir import FusionTile, OpKind, TileGraph
-from . import cpp_build, host_alloc, reference
+from . import cpp_build, host_alloc, native_call, reference
 from .cpp_analysis import SYMBOL, NotNative, Program, analyse
 from .sizes import size_function
 
@@ -204,12 +204,13 @@ def _build_native(tile: FusionTile, graph: TileGraph):
     return _native_kernel(fn, program)
 
 
-def _wrapper_source(n_in: int, n_out: int) -> str:
+def _wrapper_source(n_in: int, n_out: int, extension: bool) -> str:
     """The Python wrapper of a native kernel with n_in inputs and n_out outputs, written
     out straight: no loops or comprehensions on the per-call path (each of those costs a
     frame and a few hundred ns in CPython 3.11, and most of a small kernel's budget is the
-    wrapper). Scratch pointer arrays are kept per kernel (one per call in flight) and
-    filled in place: 1.0 us against 2.2 us to build one from 6 pointers."""
+    wrapper). It calls the kernel through the extension (:mod:`.native_call`), or through
+    ctypes with a pointer array kept per kernel (one per call in flight) and filled in
+    place: 1.0 us against 2.2 us to build one from 6 pointers."""
     ins = [f"i{j}" for j in range(n_in)]
     outs = [f"o{j}" for j in range(n_out)]
     key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
@@ -218,12 +219,15 @@ def _wrapper_source(n_in: int, n_out: int) -> str:
              f"    meta = layouts.get(({key},))",
              "    if meta is None:",
              "        meta = layout(inputs, syms)",
-             *(f"    {o} = empty(meta[{2 + j}], dt{j})" for j, o in enumerate(outs)),
-             "    ptrs = spare.pop() if spare else Ptrs()",
-             *(f"    ptrs[{j}] = {t}.data_ptr()" for j, t in enumerate(ins + outs)),
-             "    fn(ptrs, meta[0], meta[1], threads())",
-             "    spare.append(ptrs)",
-             f"    return [{', '.join(outs)}]"]
+             *(f"    {o} = empty(meta[{2 + j}], dt{j})" for j, o in enumerate(outs))]
+    if extension:
+        lines.append(f"    call(address, ({', '.join(ins + outs)},), meta[0], meta[1], threads())")
+    else:
+        lines += ["    ptrs = spare.pop() if spare else Ptrs()",
+                  *(f"    ptrs[{j}] = {t}.data_ptr()" for j, t in enumerate(ins + outs)),
+                  "    fn(ptrs, meta[0], meta[1], threads())",
+                  "    spare.append(ptrs)"]
+    lines.append(f"    return [{', '.join(outs)}]")
     return "\n".join(lines) + "\n"
 
 
@@ -236,23 +240,27 @@ def _native_kernel(fn, program: Program):
     Ptrs = ctypes.c_void_p * max(n_in + n_out, 1)
     Meta = ctypes.c_int64 * max(sum(2 * len(s.shape) for s in program.input_specs), 1)
     Syms = ctypes.c_int64 * max(len(program.symbols), 1)
+    call = native_call.extension_call()
+    ref = ctypes.addressof if call is not None else _identity  # how the call takes arrays
 
-    # (syms, input strides) -> (metadata array, syms array, output shapes); input shapes
-    # are functions of the size symbols, so strides and syms identify the metadata
+    # (syms, input strides) -> (metadata, syms, output shapes..., the arrays kept alive);
+    # input shapes are functions of the size symbols, so strides and syms identify them
     layouts: dict = {}
 
     def layout(inputs: list, syms: tuple) -> tuple:
-        entry = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms),
-                 *[tuple(f(syms)) for f in shapes])
+        arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
+        entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
         if len(layouts) >= 256:
             layouts.pop(next(iter(layouts)))
         layouts[(syms, *[t.stride() for t in inputs])] = entry
         return entry
 
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
+             "call": call, "address": ctypes.cast(fn, ctypes.c_void_p).value,
              "threads": torch.get_num_threads, "empty": host_alloc.empty,
              **{f"dt{j}": spec.dtype for j, (_, spec) in enumerate(program.outputs)}}
-    exec(_wrapper_source(n_in, n_out), scope)  # noqa: S102 - our own template, no user text
+    # our own template, no user text
+    exec(_wrapper_source(n_in, n_out, call is not None), scope)  # noqa: S102
     kernel = scope["kernel"]
     kernel.native = True
     kernel.reason = None

@@ -115,10 +115,10 @@ def _host_id() -> str:
     return platform.machine() + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cache_key(source: str, compiler) -> str:
+def cache_key(source: str, compiler, extra_flags=()) -> str:
     path, version, flags = compiler
     host = _host_id() if "-march=native" in flags else platform.machine()
-    text = "\n".join([source, version, " ".join(flags), host])
+    text = "\n".join([source, version, " ".join((*flags, *extra_flags)), host])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -145,8 +145,9 @@ def _count(name: str) -> None:
         stats[name] += 1
 
 
-def _compile(source: str, compiler, out: Path) -> None:
+def _compile(source: str, compiler, out: Path, extra_flags=()) -> None:
     path, _, flags = compiler
+    flags = (*flags, *extra_flags)
     src = out.with_suffix(".cpp")
     src.write_text(source)
     fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
@@ -173,12 +174,13 @@ def load(source: str, symbol: str):
     return getattr(load_library(source, (symbol,)), symbol)
 
 
-def load_library(source: str, symbols=()) -> ctypes.CDLL:
-    """The shared library compiled from ``source`` (cached), checked to export ``symbols``."""
+def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
+    """The shared library compiled from ``source`` (cached), checked to export ``symbols``;
+    ``flags`` are added to the compiler's (an include path, say)."""
     compiler = find_compiler()
     if compiler is None:
         raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++)")
-    key = cache_key(source, compiler)
+    key = cache_key(source, compiler, flags)
     lib = _loaded.get(key)
     if lib is not None:
         _count("memory_hits")
@@ -192,7 +194,7 @@ def load_library(source: str, symbols=()) -> ctypes.CDLL:
             if lib is None:
                 if so.exists():
                     _count("rebuilt")
-                _compile(source, compiler, so)
+                _compile(source, compiler, so, flags)
                 lib = _try_load(so, symbols)
                 if lib is None:
                     raise CompileError(f"compiled {so} but it does not load")

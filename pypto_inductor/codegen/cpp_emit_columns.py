@@ -8,8 +8,11 @@ blocks of ``ROWS_PER_BLOCK`` consecutive rows along the last kept dim, runs the
 reduced elements in its outer loop, and in the inner loop updates one
 accumulator per row of the block from consecutive addresses (vectorised). Row
 values (per kept element) are arrays over the block. Work items are blocks,
-under ``omp parallel for``; a fast path with unit/zero strides along the block
-(checked once per call) sits beside a generic strided one.
+under ``omp parallel for``; when there are fewer blocks than threads, a
+one-pass tile splits the reduced elements into parts instead, each item
+writing partial accumulators that a second loop combines. A fast path with
+unit/zero strides along the block (checked once per call) sits beside a
+generic strided one.
 """
 from __future__ import annotations
 

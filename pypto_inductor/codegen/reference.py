@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ir import FusionTile, TileGraph, TileOp
-from .sizes import is_symbolic, resolve_static, size_function
+from .sizes import contains_symbol, is_symbolic, resolve_static, size_function
 
 aten = torch.ops.aten
 
@@ -52,6 +52,8 @@ def _softmax(fn):
 
 
 def _slice(x, dim, start, length, step):
+    if step == 1:  # narrow: 2.3 us against 3.4 us through the aten op
+        return x.narrow(dim, start, length)
     return aten.slice(x, dim, start, start + length * step, step)
 
 
@@ -110,6 +112,9 @@ def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
         attrs["shape"] = op.out.shape
     keys = tuple(attrs)
     get_values = size_function(tuple(attrs.values()), symbols)
+    if not contains_symbol(tuple(attrs.values())):  # static attributes: keywords made once
+        kwargs = dict(zip(keys, get_values(())))
+        return lambda values, syms: fn(*values, **kwargs)
 
     def run(values: list, syms: tuple):
         return fn(*values, **dict(zip(keys, get_values(syms))))

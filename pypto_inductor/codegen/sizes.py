@@ -42,15 +42,15 @@ def _source(x: Any) -> str:
     return repr(_to_python(x))
 
 
-def _contains_symbol(x: Any) -> bool:
+def contains_symbol(x: Any) -> bool:
     if isinstance(x, (tuple, list)):
-        return any(_contains_symbol(v) for v in x)
+        return any(contains_symbol(v) for v in x)
     return is_symbolic(x)
 
 
 def size_function(value: Any, symbols: Sequence[sympy.Symbol]) -> Callable[[tuple], Any]:
     """f(sym_values) -> value with every size expression evaluated (containers kept)."""
-    if not _contains_symbol(value):
+    if not contains_symbol(value):
         const = _to_python(value)
         return lambda syms: const
     params = ", ".join(s.name for s in symbols)

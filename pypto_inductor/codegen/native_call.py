@@ -1,0 +1,100 @@
+"""How Python calls a compiled kernel: through a small CPython extension, else ctypes.
+
+Through ctypes, filling the pointer array and converting the arguments cost about
+0.7 us a call (isolated; 2-4 us inside a block, where every object it touches is
+out of cache). The extension's ``call(fn, tensors, meta, syms, nt)`` takes the
+kernel's address, a tuple of tensors (inputs then outputs) and the addresses of
+the metadata arrays, reads each data pointer with the function torch exports for
+Inductor's own kernel bindings
+(``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``, no torch
+headers needed) and runs the kernel with the GIL released: 0.16 us. It is built
+once per machine into the kernel cache (well under a second). Without Python's
+headers, a compiler, or that torch function, kernels are called through ctypes.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from . import cpp_build
+
+_SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <cstdint>
+
+typedef void (*pi_kernel_t)(void* const*, const int64_t*, const int64_t*, int);
+static void* (*pi_data_ptr)(PyObject*) = nullptr;
+static const Py_ssize_t PI_MAX_TENSORS = 256;
+
+// call(fn, tensors, meta, syms, nt): fn(data pointers of tensors, meta, syms, nt)
+static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyTuple_CheckExact(args[1]) || pi_data_ptr == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "call(fn, tensors: tuple, meta, syms, nt)");
+    return nullptr;
+  }
+  PyObject* tensors = args[1];
+  const Py_ssize_t n = PyTuple_GET_SIZE(tensors);
+  if (n > PI_MAX_TENSORS) {
+    PyErr_SetString(PyExc_ValueError, "too many tensors for one kernel call");
+    return nullptr;
+  }
+  const auto fn = reinterpret_cast<pi_kernel_t>(PyLong_AsVoidPtr(args[0]));
+  const auto meta = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[2]));
+  const auto syms = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  const int nt = static_cast<int>(PyLong_AsLong(args[4]));
+  if (PyErr_Occurred()) return nullptr;
+  void* ptrs[PI_MAX_TENSORS];
+  for (Py_ssize_t i = 0; i < n; ++i) ptrs[i] = pi_data_ptr(PyTuple_GET_ITEM(tensors, i));
+  Py_BEGIN_ALLOW_THREADS
+  fn(ptrs, meta, syms, nt);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+static PyObject* pi_set_data_ptr(PyObject*, PyObject* address) {
+  pi_data_ptr = reinterpret_cast<void* (*)(PyObject*)>(PyLong_AsVoidPtr(address));
+  if (PyErr_Occurred()) return nullptr;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef pi_methods[] = {
+  {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(pi_call)),
+   METH_FASTCALL, nullptr},
+  {"set_data_ptr", pi_set_data_ptr, METH_O, nullptr},
+  {nullptr, nullptr, 0, nullptr}};
+static PyModuleDef pi_module = {PyModuleDef_HEAD_INIT, "pi_native_call", nullptr, -1,
+                                pi_methods};
+PyMODINIT_FUNC PyInit_pi_native_call(void) { return PyModule_Create(&pi_module); }
+"""
+
+_state: dict = {}  # "call": the extension's call, or None when unavailable
+
+
+def _build():
+    data_ptr = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards,
+                       "_torchinductor_pyobject_tensor_data_ptr", None)
+    include = sysconfig.get_paths().get("include")
+    if data_ptr is None or not include or not (Path(include) / "Python.h").exists():
+        return None
+    lib = cpp_build.load_library(_SOURCE, ("PyInit_pi_native_call",), flags=(f"-I{include}",))
+    loader = importlib.machinery.ExtensionFileLoader("pi_native_call", lib._name)
+    spec = importlib.util.spec_from_file_location("pi_native_call", lib._name, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    module.set_data_ptr(data_ptr)
+    return module.call
+
+
+def extension_call():
+    """The extension's ``call``, built on first use; None where it cannot be built."""
+    if "call" not in _state:
+        try:
+            _state["call"] = _build()
+        except Exception:  # noqa: BLE001 - no headers, compile error, ...: ctypes then
+            _state["call"] = None
+    return _state["call"]
