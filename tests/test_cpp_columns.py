@@ -74,9 +74,26 @@ def test_column_reductions_of_empty_tensors(shape, built):
 def test_column_reductions_dynamic_sizes_one_compile():
     """K across one and two blocks of ROWS_PER_BLOCK, split and unsplit columns (sums of
     up to 4000 products, in another order than eager's: 1e-4)."""
-    sizes = [(9, 70), (300, 3), (2, 1100), (4000, 17), (1, 1)]
+    sizes = [(9, 70), (300, 3), (2, 1100), (4000, 17), (2, 2)]  # 1s would specialise
     check_sizes(lambda x, w: ((x * w).sum(0), x.amax(0)),
                 [(rand(r, c), rand(c)) for r, c in sizes], rtol=1e-4, atol=1e-4)
+
+
+UNIT_DIM_REDUCTIONS = [
+    (lambda x: x.amax(-1, keepdim=True) * 2.0, (5, 1)),  # a row reduction
+    (lambda x: x.sum(0) + 1.0, (1, 7)),
+    (lambda x: (x.amax(0, keepdim=True), x.mean((0, 1))), (1, 1, 6)),
+    (lambda x: x - x.mean(-1, keepdim=True), (3, 1)),
+    (lambda x: x.var(0, keepdim=True), (1, 5)),
+]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # eager var() of one element warns
+@pytest.mark.parametrize("case", range(len(UNIT_DIM_REDUCTIONS)))
+def test_reductions_over_dims_of_size_one(case, built):
+    """The reduced dims are all 1s, so a keepdim result has the tile's shape: native."""
+    fn, shape = UNIT_DIM_REDUCTIONS[case]
+    check(fn, rand(*shape), built=built)
 
 
 def test_middle_dim_reduction_is_not_native(built):
@@ -96,3 +113,41 @@ def test_transformer_backward_runs_every_tile_natively():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
     natives = [v for g in graphs for v in g.compiled.kernel_native.values()]
     assert natives and all(v["native"] for v in natives), natives
+
+
+def test_random_column_reductions_match_eager():
+    """Random shapes (2-4 dims, sizes 1-70), leading dims reduced (keepdim or not), a
+    pointwise prologue and epilogue, every reduction kind, fp32 and bf16."""
+    import os
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    reductions = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax,
+                  "amin": torch.amin}
+
+    @settings(max_examples=int(os.environ.get("PYPTO_TEST_EXAMPLES", 12)), deadline=None,
+              database=None, derandomize=not os.environ.get("PYPTO_TEST_EXAMPLES"),
+              suppress_health_check=list(HealthCheck))
+    @given(shape=st.lists(st.integers(1, 70), min_size=2, max_size=4),
+           k=st.integers(1, 3), name=st.sampled_from(sorted(reductions)),
+           keepdim=st.booleans(), bf16=st.booleans())
+    def check(shape, k, name, keepdim, bf16):
+        k = min(k, len(shape) - 1)
+        dims = tuple(range(k))
+        dtype = torch.bfloat16 if bf16 else torch.float32
+
+        def fn(x, w):
+            return reductions[name](x * w + 1.0, dims, keepdim=keepdim) * 0.5
+
+        torch._dynamo.reset()
+        x, w = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
+        compiled = torch.compile(fn, backend="pypto", options={"target": "cpu",
+                                                                "fallback": "error"})
+        with torch.no_grad(), collect() as graphs:
+            tol = {"rtol": 2e-2, "atol": 2e-2} if bf16 else {"rtol": 1e-4, "atol": 1e-4}
+            torch.testing.assert_close(compiled(x, w), fn(x, w), **tol)
+        natives = [v for g in graphs for v in g.compiled.kernel_native.values()]
+        assert natives and all(v["native"] for v in natives), natives
+
+    check()

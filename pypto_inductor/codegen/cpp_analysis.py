@@ -394,8 +394,12 @@ class _Analyser:
             if name not in self.env:
                 raise NotNative(f"tile output {name} is a view of an input")
         outputs = [(self.env[name], graph.specs[name]) for name in tile.outputs]
+        # per-element outputs are stored in the tile's order: the domain's own shape, or
+        # any of its size when the reduced dims are 1s (then both orders agree)
+        unit = all(_same(d, 1) for d in self.D[n - self.m:])
         if self.perm is not None and any(
-                x.level == "col" and not _same_shape(spec.shape, dom.shape)
+                x.level == "col" and not _same_shape(spec.shape, dom.shape) and not (
+                    unit and _same(_numel(spec.shape), _numel(dom.shape)))
                 for x, spec in outputs):
             raise NotNative("a column reduction's per-element output has another shape than "
                             "the tile")
@@ -614,7 +618,10 @@ class _Analyser:
         x = self.operand(src, sctx)
         out = op.out.dtype
         level = "col" if name in ("softmax", "log_softmax") else "row"
-        if (level == "col") != (ctx[0] == "col"):
+        # reduced dims all of size 1 (a keepdim output then has the domain's shape): a
+        # per-row value is per-element as well
+        unit = all(_same(d, 1) for d in self.D[len(self.D) - self.m:])
+        if (level == "col") != (ctx[0] == "col") and not (level == "row" and unit):
             raise NotNative(f"{name} output shape does not fit the tile domain")
         if name in ("argmax", "argmin"):
             # pass 1: the extreme (NaN if any); pass 2: the first column holding it
