@@ -83,8 +83,8 @@ class Program:
     fast: list  # per access: "unit", "bcast" or "strided" (expected column layout)
     symbols: list
     cat_bounds: list = dataclasses.field(default_factory=list)  # column cats: part ends
-    # a column reduction: the domain is the tile's with its reduced (leading) dims moved
-    # last, so rows are the kept dims; the kernel walks memory rows and keeps one
+    # a column reduction: the domain is the tile's with its reduced dims (not the last)
+    # moved last, so rows are the kept dims; the kernel walks memory rows and keeps one
     # accumulator per kept element (cpp_emit_columns)
     transposed: bool = False
 
@@ -247,7 +247,8 @@ class _Analyser:
                 raise NotNative(f"input {name} has more dims than its use")
             dims = [None] * (len(shape) - q) + list(range(q))
             if self.perm is not None:  # shape is a tshape: read the input permuted alike
-                dims = [dims[p] for p in self.perm]
+                at = self.align(spec.shape)
+                dims = [at[p] for p in self.perm]
         dims = list(dims)[:len(shape) - cut]
         if kind == "col" and len(frame) == len(shape) - cut + 1:  # last dim split (q, L)
             j = dims[-1]
@@ -398,11 +399,11 @@ class _Analyser:
         # any of its size when the reduced dims are 1s (then both orders agree)
         unit = all(_same(d, 1) for d in self.D[n - self.m:])
         if self.perm is not None and any(
-                x.level == "col" and not _same_shape(spec.shape, dom.shape) and not (
-                    unit and _same(_numel(spec.shape), _numel(dom.shape)))
+                x.level == "col" and not (unit and _same(_numel(spec.shape), _numel(dom.shape)))
+                and not (_same_shape(spec.shape, dom.shape) and axes == tuple(range(self.m)))
                 for x, spec in outputs):
-            raise NotNative("a column reduction's per-element output has another shape than "
-                            "the tile")
+            raise NotNative("a column reduction's per-element output is not in the tile's "
+                            "order (another shape, or reduced dims not leading)")
         m = self.m if axes else self.pointwise_columns()
         # a column reduction vectorises along its last kept dim, the others along columns
         along = range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
@@ -413,28 +414,66 @@ class _Analyser:
 
     # --- column reductions ---------------------------------------------------------------
     def transpose(self, tile: FusionTile, axes: tuple) -> None:
-        """Analyse a reduction over leading dims in the domain with those dims moved last:
-        it is then a row reduction whose rows are the kept dims (every shape goes through
-        :meth:`tshape`, every input read through the same permutation)."""
+        """Analyse a reduction over dims that are not the innermost in the domain with those
+        dims moved last: it is then a row reduction whose rows are the kept dims (every
+        shape goes through :meth:`tshape`, every input read through :meth:`align`)."""
         n = len(self.D)
-        if axes != tuple(range(len(axes))):
-            raise NotNative(f"reduction over dims {list(axes)} is neither over the innermost "
-                            "nor over the outermost dims")
+        if n - 1 in axes:
+            raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
+                            "only the innermost ones")
         if any(op.op in ("view", "cat", "full") for op in tile.ops):
             raise NotNative("a column reduction with views or cats inside is not native yet")
-        self.perm = tuple(range(len(axes), n)) + axes
-        self.D = self.tshape(self.D)
+        self.D0, self.axes = self.D, axes
+        self.kept = tuple(d for d in range(n) if d not in axes)
+        self.perm = self.kept + axes
+        self.D = self.tshape(self.D0)
 
-    def tshape(self, shape) -> tuple:
-        """A shape of the tile in the analysed domain: aligned right to the domain's rank
-        (broadcasting; a reduction over leading dims drops them) and permuted."""
-        shape = tuple(shape)
-        if self.perm is None:
-            return shape
-        if len(shape) > len(self.perm):
+    def align(self, shape) -> list:
+        """For each dim of the tile's domain (its own order), the dim of ``shape`` there, or
+        None. A full-rank shape is the domain's; a lower-rank one is aligned right, as
+        broadcasting does, either into the domain or into the kept dims (a reduction
+        without keepdim drops the reduced ones, wherever they are); if both fit and
+        disagree the tile is not native."""
+        shape, n = tuple(shape), len(self.D0)
+        if len(shape) > n:
             raise NotNative(f"a value of shape {list(shape)} has more dims than the tile")
-        full = (1,) * (len(self.perm) - len(shape)) + shape
-        return tuple(full[p] for p in self.perm)
+
+        def into(dims):
+            if len(shape) > len(dims):
+                return None
+            at = dims[len(dims) - len(shape):]
+            if not all(_same(s, 1) or _same(s, self.D0[d]) for s, d in zip(shape, at)):
+                return None
+            out = [None] * n
+            for i, d in enumerate(at):
+                out[d] = i
+            return out
+
+        full, kept = into(tuple(range(n))), into(self.kept)
+
+        def reads(m):  # where the non-1 dims land
+            return {d: i for d, i in enumerate(m) if i is not None and not _same(shape[i], 1)}
+
+        if full is not None and kept is not None and reads(full) != reads(kept):
+            raise NotNative(f"a value of shape {list(shape)} may broadcast over the tile "
+                            f"{list(self.D0)} or hold its reduction: ambiguous")
+        if full is None and kept is None:
+            raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
+                            f"{list(self.D0)}")
+        return full if full is not None else kept
+
+    def tshape(self, shape, reduced: bool = False) -> tuple:
+        """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
+        ``reduced``: the shape of a reduction's result, with or without keepdim."""
+        if self.perm is None:
+            return tuple(shape)
+        if reduced and len(shape) == len(self.kept):
+            at = [None] * len(self.D0)
+            for i, d in enumerate(self.kept):
+                at[d] = i
+        else:
+            at = self.align(shape)
+        return tuple(1 if at[p] is None else shape[at[p]] for p in self.perm)
 
     # --- cat along the columns --------------------------------------------------------
     def cat_part_ops(self) -> set:
@@ -550,7 +589,7 @@ class _Analyser:
     def lower(self, op: TileOp) -> Node | None:
         if op.op == "view":
             return self.lower_view(op)
-        ctx = self.context(self.tshape(op.out.shape))
+        ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
         if op.kind is OpKind.REDUCTION:
@@ -605,7 +644,7 @@ class _Analyser:
         dims = tuple(op.attrs.get("dims", ()))
         src = op.args[0]
         shape = tuple(self.graph.specs[src].shape) if isinstance(src, str) else ()
-        reduced = tuple(range(self.m)) if self.perm is not None else \
+        reduced = self.axes if self.perm is not None else \
             tuple(range(len(shape) - self.m, len(shape)))
         if dims != reduced or (self.perm is not None and len(shape) != len(self.D)):
             raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
@@ -668,7 +707,7 @@ class _Analyser:
 
     def round(self, v: Node, dtype, op: TileOp) -> Node:
         """The value as the op's result: rounded to its dtype."""
-        return self.node("op", v.level, [v], dtype, self.tshape(op.out.shape), op="copy",
+        return self.node("op", v.level, [v], dtype, self.tshape(op.out.shape, True), op="copy",
                          common=v.dtype or torch.float32)
 
 

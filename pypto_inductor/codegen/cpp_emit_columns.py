@@ -1,8 +1,9 @@
 """C++ source for a column reduction (a :class:`cpp_analysis.Program` with ``transposed``).
 
-A reduction over a tensor's leading dims (a bias gradient: ``grad.sum([0, 1])``)
-is analysed as a row reduction over the domain with those dims moved last, so
-its rows are the kept elements; but in memory the kept dims are the inner ones.
+A reduction over dims other than the innermost, the last dim kept (a bias
+gradient: ``grad.sum([0, 1])``; pooling: ``x.mean(1)``), is analysed as a row
+reduction over the domain with those dims moved last, so its rows are the kept
+elements; but in memory the last kept dim is the innermost.
 Walking each row would read one element per cache line. So the kernel takes
 blocks of ``ROWS_PER_BLOCK`` consecutive rows along the last kept dim, runs the
 reduced elements in its outer loop, and in the inner loop updates one
