@@ -10,7 +10,7 @@ suite sets it so planner tests do not depend on the machine's timing).
 - bandwidth: a large ``torch`` copy (read + write bytes over time), the fastest
   of 7, with the current torch thread count;
 - per-call cost: a trivial native kernel (one element) called through the cpu
-  target's ctypes wrapper (output allocation, pointer array, ctypes call), the
+  target's wrapper (output allocation, stride key, the call), the
   fastest batch's per-call average;
 - compute: a native ``exp`` over a cache-resident buffer with every thread,
   counted at the ROI model's weight of ``exp`` in flops per element, so the
