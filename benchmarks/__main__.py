@@ -32,7 +32,7 @@ from torch import nn
 from pypto_inductor import calibrate, hardware, models
 from pypto_inductor.codegen import cpp_build
 
-from . import training
+from . import median_us, training
 
 
 class LinearGeluLinear(nn.Module):
@@ -87,15 +87,6 @@ def _cases(scale: str):
     yield "llama_block", llama, (torch.randn(4 if big else 1, 128, 256),), 1e-3, False
     yield "ln_gelu_residual_bf16", ln.to(torch.bfloat16), (
         torch.randn(rows, 1024, dtype=torch.bfloat16),), 5e-2, True
-
-
-def _median_us(fn, args, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
 
 
 def _min_bytes(fn, inputs, out) -> int:
@@ -229,7 +220,7 @@ def main(argv=None) -> int:
                 times = {label: [] for label in backends}
                 for _ in range(3):  # interleave rounds so noise hits every backend alike
                     for label, f in backends.items():
-                        times[label].append(_median_us(f, inputs, args.repeats))
+                        times[label].append(median_us(f, inputs, args.repeats))
                 _clear_in_process_caches()
                 for label, (make, env, d) in makers.items():
                     _, compile_s[label, "warm"] = _first_call_s(make, inputs, env, d)

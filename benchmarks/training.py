@@ -16,6 +16,8 @@ import torch
 from pypto_inductor import models
 from pypto_inductor.report import collect
 
+from . import median_us
+
 COLUMNS = ["case", "eager us", "inductor us", "pypto us", "eager/pypto", "inductor/pypto",
            "pypto FusionTiles", "reference tiles"]
 
@@ -34,17 +36,6 @@ def _step(model):
         model.zero_grad(set_to_none=True)
         model(x).square().mean().backward()
     return step
-
-
-def _median_us(step, x, repeats: int) -> float:
-    import time
-
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(x)
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
 
 
 def run(scale: str, repeats: int, target: str, inductor: bool, only: set) -> list[list[str]]:
@@ -74,7 +65,7 @@ def run(scale: str, repeats: int, target: str, inductor: bool, only: set) -> lis
         times = {label: [] for label in steps}
         for _ in range(3):
             for label, step in steps.items():
-                times[label].append(_median_us(step, x, repeats))
+                times[label].append(median_us(step, (x,), repeats))
         med = {label: statistics.median(t) for label, t in times.items()}
         ind = med.get("inductor", float("nan"))
         rows.append([name, f"{med['eager']:.1f}", f"{ind:.1f}", f"{med['pypto']:.1f}",

@@ -73,9 +73,7 @@ class ColumnEmitter(_Emitter):
         self.work_items("W", split=False)
         self.row_nodes(0)
         for x in reds:
-            self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
-            if self.has_nan(x):
-                self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
+            self.declare(x)
             lines = [f"acc{x.id}[j] = part{x.id}[r0 + j];"]
             if self.has_nan(x):
                 lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
@@ -164,11 +162,15 @@ class ColumnEmitter(_Emitter):
     def has_nan(x) -> bool:  # a float max/min keeps a NaN flag (the result is NaN if any)
         return ctype(x.dtype) == "float" and x.attrs["red"] != "sum"
 
+    def declare(self, x) -> None:
+        """Reduction x's per-row accumulators, values and NaN flags over the block."""
+        self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
+        if self.has_nan(x):
+            self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
+
     def init(self, reds) -> None:
         for x in reds:
-            self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
-            if self.has_nan(x):
-                self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
+            self.declare(x)
             self.block_loop([f"acc{x.id}[j] = {_init(x)};"] +
                             ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
 
