@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pypto_inductor import calibrate, hardware, models
-from pypto_inductor.codegen import cpp_build
+from pypto_inductor import calibrate, models
+from pypto_inductor.codegen.cpp import compiler as cpp_build
 
 from . import median_us, training
 
@@ -56,7 +56,7 @@ class RMSNormSiluGate(nn.Module):
         return self.norm(x) * F.silu(gate)
 
 
-def _cases(scale: str):
+def cases(scale: str):
     """(name, fn, inputs, tolerance, memory-bound)."""
     big = scale == "full"
     rows = 8192 if big else 1024
@@ -116,7 +116,7 @@ def _clear_in_process_caches() -> None:
     from torch._inductor.utils import clear_caches
 
     clear_caches()
-    cpp_build._loaded.clear()  # loaded pypto kernel libraries
+    cpp_build.loaded.clear()  # loaded pypto kernel libraries
 
 
 def _first_call_s(make, inputs, cache_env: str, cache_dir: str):
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", default="", help="also write the table to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    hw = hardware.host()  # calibration (once per machine) before any timing
+    hw = calibrate.host_model()  # calibration (once per machine) before any timing
     copy_bw = _copy_bandwidth()
     title = (f"{time.strftime('%Y-%m-%d')} torch {torch.__version__} on {machine()}, "
              f"{torch.get_num_threads()} threads, scale={args.scale}, repeats={args.repeats}")
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     only = {c for c in args.only.split(",") if c}
     tmp_root = tempfile.mkdtemp(prefix="pypto_bench_")
     try:
-        for name, fn, inputs, tol, memory_bound in _cases(args.scale):
+        for name, fn, inputs, tol, memory_bound in cases(args.scale):
             if only and name not in only:
                 continue
             ind_dir = tempfile.mkdtemp(prefix=f"{name}_inductor_", dir=tmp_root)

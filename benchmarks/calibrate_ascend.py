@@ -9,7 +9,7 @@ large shapes) as small torch functions. For each candidate:
 1. the planner fuses everything it legally can (``roi_threshold`` ~ 0): every
    multi-op FusionTile of that plan is one calibration point;
 2. our ROI model predicts its ``roi_score`` = sum(t(op alone)) / t(fused);
-3. pypto's simulator (RunMode.SIM, ``codegen.pypto_sim``) runs it fused and each
+3. pypto's simulator (RunMode.SIM, ``codegen.pypto.sim``) runs it fused and each
    of its ops as its own kernel: simulated speedup = unfused / fused cycles.
 
 Then the Ascend cost-model parameters (launch_us, op_us, cube_epilogue_us, GM
@@ -27,7 +27,7 @@ fused than unfused, and every zoo FusionTile either simulates or is split with
 the unsupported op named.
 
 Simulations are cached by kernel source under $PYPTO_INDUCTOR_CACHE_DIR
-(``codegen.pypto_sim``): a re-run only plans. Writes docs/ascend_calibration.md
+(``codegen.pypto.sim``): a re-run only plans. Writes docs/ascend_calibration.md
 (and the raw data to docs/ascend_calibration.json).
 """
 from __future__ import annotations
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 import pypto_inductor
 from pypto_inductor import models
-from pypto_inductor.codegen import pypto_sim
-from pypto_inductor.codegen.pypto_emit import emit_tile
+from pypto_inductor.codegen.pypto import sim as pypto_sim
+from pypto_inductor.codegen.pypto.emit import emit_tile
 from pypto_inductor.fusion.roi import CostModel
 from pypto_inductor.hardware import ascend_a2
 from pypto_inductor.ir import OpKind
@@ -195,7 +195,7 @@ def simulate_many(jobs):
             except Exception as e:  # noqa: BLE001 - recorded, as pypto_sim does
                 fused, singles, errors = None, [], [f"split: {e}"]
         else:
-            fused, singles, errors = pypto_sim._emit_all(tile, graph, hw, 2)
+            fused, singles, errors = pypto_sim.emit_variants(tile, graph, hw, 2)
         slots = {}
         if fused is not None:
             slots["fused"] = len(kernels)
@@ -502,11 +502,11 @@ def evaluate(points, p: dict, cube_flops: float, threshold: float = THRESHOLD) -
 # --- the zoo ---------------------------------------------------------------------------------
 def _coverage_models():
     """The model zoo, then the benchmark suite's cases (small scale)."""
-    from benchmarks.__main__ import _cases
+    from benchmarks.__main__ import cases
 
     for name in models.ZOO:
         yield (name, *models.build(name))
-    for name, fn, inputs, *_ in _cases("small"):
+    for name, fn, inputs, *_ in cases("small"):
         yield f"bench:{name}", fn, inputs
 
 

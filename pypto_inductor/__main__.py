@@ -9,6 +9,10 @@ import time
 
 import torch
 
+from . import models
+from .api import report
+from .models import MODELS
+
 
 def _median_ms(fn, *args, repeats: int = 20) -> float:
     with torch.no_grad():
@@ -37,8 +41,6 @@ def _parse_options(items: list[str]) -> dict:
 
 
 def demo(args) -> int:
-    from . import models, report
-
     torch.manual_seed(0)
     model, inputs = models.build(args.model)
     options = _parse_options(args.option)
@@ -70,8 +72,6 @@ def demo(args) -> int:
 
 
 def report_cmd(args) -> int:
-    from . import models, report
-
     model, inputs = models.build(args.model)
     rep = report(model, *inputs, options=_parse_options(args.option) or None,
                  backward=args.backward)
@@ -82,8 +82,6 @@ def report_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .models import MODELS
-
     parser = argparse.ArgumentParser(prog="python -m pypto_inductor")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_text in (("demo", demo, "compile a built-in model, check it, report, time"),

@@ -2,7 +2,9 @@
 
 Dynamo hands us an FX graph; AOTAutograd (with our decomposition table) turns
 it into functional ATen forward and backward graphs, and each of those is
-lowered, planned and compiled here into a CompiledGraph.
+lowered, planned and compiled here into a CompiledGraph. The hardware model the
+planner uses comes from here, with this machine's calibrated numbers for the
+host (:mod:`.calibrate`).
 """
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
+from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, parse_options
 from .fusion import plan_fusion
-from .hardware import get_hardware
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .report import GraphReport, publish
 from .runtime import CompiledGraph
@@ -32,13 +34,14 @@ class UnsupportedOpsError(RuntimeError):
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str):
     """Lower, plan and compile one ATen graph; returns the boxed callable."""
     name = f"g{next(_graph_ids)}_{kind}"
+    hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
         graph = lower_graph(gm, config, name)
     except GraphNotLowerable as e:
         if config.fallback == "error":
             raise UnsupportedOpsError(f"graph {name} cannot be lowered: {e}") from e
         warnings.warn(f"pypto_inductor: graph {name} runs eagerly: {e}", stacklevel=2)
-        publish(GraphReport.eager(name, str(e), gm), config)
+        publish(GraphReport.eager(name, str(e), gm), config, hw)
         return make_boxed_func(gm.forward)
     if config.fallback == "error":
         unsupported = [f"{n.op_name} ({n.reason})" for n in graph.nodes
@@ -47,12 +50,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str)
             raise UnsupportedOpsError(
                 "fallback='error' and these ops have no tile lowering: " + ", ".join(unsupported)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
-    hw = get_hardware(config.hardware_name, config.capacity_bytes)
     plan = plan_fusion(graph, hw, config)
     compiled = CompiledGraph(plan, get_target(config.target), config)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
-    publish(GraphReport(name, plan, compiled), config)
+    publish(GraphReport(name, plan, compiled), config, hw)
     return make_boxed_func(compiled)
 
 

@@ -13,8 +13,15 @@ from typing import Any, Mapping
 
 import torch
 
-TARGETS = ("cpu", "npu", "reference")
-HARDWARE = ("ascend-a2", "host")
+from .hardware import HARDWARE
+
+# The codegen targets: name -> the module defining it (see codegen.Target; imported on
+# first use by codegen.get_target, so an unused target's dependencies are never loaded).
+TARGETS = {
+    "cpu": "pypto_inductor.codegen.cpp",  # native C++ kernels
+    "npu": "pypto_inductor.codegen.pypto",  # pypto kernels on an Ascend NPU
+    "reference": "pypto_inductor.codegen.reference",  # tile ops run one by one with torch
+}
 DTYPE_POLICIES = ("upcast", "strict")
 FALLBACK_MODES = ("eager", "error")
 
@@ -105,9 +112,9 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
     kw: dict[str, Any] = {}
     for key, value in options.items():
         if key == "target":
-            kw[key] = _choice(key, value, TARGETS)
+            kw[key] = _choice(key, value, tuple(TARGETS))
         elif key == "hardware":
-            kw[key] = None if value is None else _choice(key, value, HARDWARE)
+            kw[key] = None if value is None else _choice(key, value, tuple(HARDWARE))
         elif key == "dtype_policy":
             kw[key] = _choice(key, value, DTYPE_POLICIES)
         elif key == "fallback":

@@ -1,14 +1,20 @@
 """Hardware models: the numbers the capacity checks and the ROI model use.
 
-Two models exist: Ascend A2 (pypto's default device, numbers from pypto's
-``lib/configs/A2A3.ini``) and the host CPU (cache sizes read from sysfs).
+Two models exist (:data:`HARDWARE`, by name): Ascend A2 (pypto's default device,
+numbers from pypto's ``lib/configs/A2A3.ini``) and the host CPU (cache sizes read
+from sysfs; bandwidth, call cost and compute rate measured once per machine by
+:mod:`.calibrate` and passed in by the backend). This module imports nothing of
+the package: every other layer may use it.
 """
 from __future__ import annotations
 
+import configparser
 import dataclasses
 import functools
+import importlib.util
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +57,13 @@ class HardwareModel:
     # with an epilogue; on A2 they run on separate cores and synchronise); 0 on the host.
     cube_epilogue_us: float = 0.0
     # ROI model: whether memory traffic hides behind compute (the roofline's max) or
-    # adds to it. On the host a streaming kernel's time is close to the sum: the LN +
-    # GELU(tanh) chain at 8192x1024 takes 4.1 ms without its exp, 5.8 ms with it, for a
-    # 3.5 ms memory floor (docs/benchmarks.md has the current figures).
+    # adds to it. On the host a streaming kernel's time is close to the sum
+    # (docs/benchmarks.md).
     memory_overlaps_compute: bool = True
-    # Fuse when roi_score reaches this (unless options say otherwise). 1.2 on ascend-a2,
-    # where the fitted model agrees with pypto's simulator on 93% of decisions
-    # (docs/ascend_calibration.md); 1.1 on the host, whose calibrated model predicts
-    # measured kernel times within about 10-30% (report with profile=True).
+    # Fuse when roi_score reaches this (unless options say otherwise): 1.2 on ascend-a2
+    # (how often the fitted model agrees with pypto's simulator:
+    # docs/ascend_calibration.md), 1.1 on the host (how close the calibrated model's
+    # kernel times are: docs/runtime_overhead.md; a report with profile=True).
     default_roi_threshold: float = 1.2
     # ROI model: a matmul kernel's epilogue re-reads the GEMM result from memory (the
     # host's BLAS writes it, then one native pass runs the epilogue), so fusing an
@@ -97,15 +102,12 @@ MiB = 1024 * KiB
 
 
 @functools.lru_cache(maxsize=None)
-def _pypto_a2a3_ini() -> dict[str, dict[str, str]]:
+def pypto_a2a3_ini() -> dict[str, dict[str, str]]:
     """Sections of pypto's lib/configs/A2A3.ini when pypto is installed, else {}.
 
     Found through the package's location, without importing pypto (which loads
     its native libraries).
     """
-    import configparser
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("pypto")
     except (ImportError, ValueError):
@@ -137,7 +139,7 @@ def ascend_a2() -> HardwareModel:
     The numbers are read from pypto's ``lib/configs/A2A3.ini`` when pypto is
     installed; the built-in copies below are the fallback.
     """
-    ini = _pypto_a2a3_ini()
+    ini = pypto_a2a3_ini()
     soc = lambda key, default: _ini_int(ini, "SoCInfo", key, default)  # noqa: E731
     core = lambda key, default: _ini_int(ini, "AICoreSpec", key, default)  # noqa: E731
     rate = lambda key, default: _ini_int(ini, "AICoreMemoryRates", key, default)  # noqa: E731
@@ -153,9 +155,9 @@ def ascend_a2() -> HardwareModel:
         # Fitted to pypto 0.2.0's simulator (coordinate search on squared log errors of
         # roi_score vs simulated speedup and of every kernel's time over the
         # calibration set: docs/ascend_calibration.md, `python -m
-        # benchmarks.calibrate_ascend`). Before fitting: 1.6 TB/s, the peak vector
-        # and cube rates (5.68 and 364 TFLOP/s, in details), 3 us launch, no per-op,
-        # epilogue or element term. Simulated matmuls run far below the cube peak.
+        # benchmarks.calibrate_ascend`, which also lists the numbers before fitting:
+        # peak rates, no per-op, epilogue or element term). Simulated matmuls run far
+        # below the cube peak.
         launch_us=5.33,
         op_us=0.593,
         cube_epilogue_us=3.87,
@@ -166,7 +168,7 @@ def ascend_a2() -> HardwareModel:
         cores=vector_cores,
         # pypto-friendly vector tiles (docs/ascend_calibration.md): pypto places UB
         # buffers op by op and fails to place one above about a third of UB (64x256
-        # fp32 compiles, 128x256 does not); 64x256 simulates 3x faster than 4x1024.
+        # fp32 compiles, 128x256 does not); 64x256 simulates faster than 4x1024.
         footprint_model="per_op",
         max_tile_buffer_fraction=1 / 3,
         preferred_max_tile_cols=256,
@@ -198,7 +200,8 @@ def ascend_a2() -> HardwareModel:
     )
 
 
-def _sysfs_cache_bytes(level: int, default: int) -> int:
+def cache_bytes(level: int, default: int) -> int:
+    """Size of this CPU's level-``level`` data cache (sysfs), or ``default``."""
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     try:
         for index in base.glob("index*"):
@@ -214,29 +217,39 @@ def _sysfs_cache_bytes(level: int, default: int) -> int:
     return default
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @functools.lru_cache(maxsize=None)
-def host() -> HardwareModel:
+def _host_caches() -> tuple[int, int, int]:
+    """(L1d, L2, L3) bytes of this CPU."""
+    return cache_bytes(1, 32 * KiB), cache_bytes(2, 1 * MiB), cache_bytes(3, 32 * MiB)
+
+
+def host(calibration: Mapping[str, Any] | None = None) -> HardwareModel:
     """The host CPU: a FusionTile's working set must stay within one core's L2.
 
-    Bandwidth, per-kernel call cost and vector compute rate are measured once per
-    machine and cached on disk (:mod:`.calibrate`); ``PYPTO_INDUCTOR_NO_CALIBRATE=1`` keeps the
-    built-in defaults below.
+    ``calibration``: this machine's measured bandwidth, per-kernel call cost and vector
+    compute rate (:func:`calibrate.host_numbers`, passed down by the backend); without
+    it the built-in defaults below.
     """
-    from . import calibrate
-
-    l2 = _sysfs_cache_bytes(2, 1 * MiB)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    l1d, l2, l3 = _host_caches()
+    cores = usable_cpus()
     bandwidth = 40e9  # default: measured copy bandwidth on our 2-core machines
     launch_us = 4.0  # default: one Python-level kernel call
     # default: 8-lane AVX2 FMA (2 flops) on 2 ports per core at ~2.5 GHz
     flops = cores * 32 * 2.5e9
     source = "built-in"
-    numbers = calibrate.host_numbers()
-    if numbers:
-        bandwidth = float(numbers.get("gm_bandwidth_bytes_per_s") or bandwidth)
-        launch_us = float(numbers.get("launch_us") or launch_us)
-        flops = float(numbers.get("vector_flops_per_s") or flops)
-        source = f"calibrated {numbers.get('measured_at', '')}".strip()
+    if calibration:
+        bandwidth = float(calibration.get("gm_bandwidth_bytes_per_s") or bandwidth)
+        launch_us = float(calibration.get("launch_us") or launch_us)
+        flops = float(calibration.get("vector_flops_per_s") or flops)
+        source = f"calibrated {calibration.get('measured_at', '')}".strip()
     return HardwareModel(
         name="host",
         vector_capacity_bytes=l2,
@@ -245,17 +258,22 @@ def host() -> HardwareModel:
         vector_flops_per_s=flops,
         cube_flops_per_s=cores * 32 * 2.5e9,  # GEMMs run on BLAS at near FMA peak
         launch_us=launch_us,
-        cores=cores or 1,
+        cores=cores,
         memory_overlaps_compute=False,
         default_roi_threshold=1.1,
         matmul_epilogue_reads_gm=True,
         matmul_bias_in_gemm=True,
         cat_in_kernels=True,
-        details=(("l1d_bytes", _sysfs_cache_bytes(1, 32 * KiB)), ("l2_bytes", l2),
-                 ("l3_bytes", _sysfs_cache_bytes(3, 32 * MiB)), ("source", source)),
+        details=(("l1d_bytes", l1d), ("l2_bytes", l2), ("l3_bytes", l3), ("source", source)),
     )
 
 
-def get_hardware(name: str, capacity_bytes: int | None = None) -> HardwareModel:
-    models = {"ascend-a2": ascend_a2, "host": host}
-    return models[name]().with_capacity(capacity_bytes)
+# The hardware models by name (the ``hardware`` option's values).
+HARDWARE = {"ascend-a2": ascend_a2, "host": host}
+
+
+def get_hardware(name: str, capacity_bytes: int | None = None,
+                 calibration: Mapping[str, Any] | None = None) -> HardwareModel:
+    """The model named ``name``; ``calibration``: the host's measured numbers (host only)."""
+    model = host(calibration) if name == "host" else HARDWARE[name]()
+    return model.with_capacity(capacity_bytes)

@@ -17,6 +17,8 @@ from typing import Any, Callable, Union
 import sympy
 import torch
 
+from .sizes import numel
+
 
 class OpKind(enum.Enum):
     ELEMENTWISE = "elementwise"
@@ -26,10 +28,6 @@ class OpKind(enum.Enum):
     MATMUL = "matmul"  # "cube" work
     LAYOUT = "layout"  # views run zero-copy; cat materialises
     EXTERN = "extern"
-
-    @property
-    def injective(self) -> bool:
-        return self in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST)
 
 
 Shape = tuple[sympy.Expr, ...]
@@ -44,7 +42,7 @@ class TensorSpec:
 
     @property
     def numel(self) -> sympy.Expr:
-        return sympy.Mul(*self.shape) if self.shape else sympy.Integer(1)
+        return numel(self.shape)
 
     @property
     def itemsize(self) -> int:

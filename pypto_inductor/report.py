@@ -1,21 +1,22 @@
 """FusionReport: what was fused, what was not, and why, per compiled graph.
 
-``pypto_inductor.report(model, *inputs)`` compiles through the backend and
-returns one; with ``options={"report_path": p}`` torch.compile writes it too.
+The data model (:class:`GraphReport`, :class:`FusionReport`) and its renderers:
+a text table, JSON and HTML. The backend publishes a GraphReport for every graph
+it compiles (:func:`publish`): to :func:`collect` blocks (what
+``pypto_inductor.report(model, *inputs)`` in :mod:`.api` uses) and, with
+``options={"report_path": p}``, to the file ``p``.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import html
 import json
 from pathlib import Path
-from typing import Any
 
-import torch
 from tabulate import tabulate
 
-from .config import Config, parse_options
+from .config import Config
+from .hardware import HardwareModel
 
 
 class GraphReport:
@@ -30,7 +31,7 @@ class GraphReport:
         self._num_ops = num_ops
         self.target = target or (compiled.config.target if compiled else "")
         self.hardware = hardware or (plan.hardware if plan else None)
-        # tile name -> codegen.pypto_sim.TileSimulation, with options={"simulate": True}
+        # tile name -> codegen.pypto.sim.TileSimulation, with options={"simulate": True}
         self.simulation: dict | None = None
 
     @classmethod
@@ -43,8 +44,6 @@ class GraphReport:
             return {"name": self.name, "num_ops": self._num_ops, "eager_reason": self.eager_reason,
                     "fallback_ops": {}, "fusion_tiles": [], "decisions": [],
                     "kernels_unfused": 0, "kernels_fused": 0}
-        from .runtime import extern_op_counts
-
         plan, graph = self.plan, self.plan.graph
         measured = self.compiled.measured_us() if self.compiled else {}
         fallbacks = self.compiled.kernel_fallbacks if self.compiled else {}
@@ -83,7 +82,7 @@ class GraphReport:
         return {
             "name": self.name,
             "num_ops": len(graph.nodes),
-            "fallback_ops": extern_op_counts(plan),
+            "fallback_ops": plan.extern_counts(),
             "extern_reasons": {n.name: f"{n.op_name}: {n.reason}" for n in plan.externs},
             "fusion_tiles": tiles,
             "decisions": [d.to_dict() for d in plan.decisions],
@@ -121,7 +120,7 @@ class FusionReport:
             "fallback_op_count": sum(sum(g["fallback_ops"].values()) for g in graphs),
             "eager_graphs": sum(1 for g in graphs if g.get("eager_reason")),
         }
-        measured = _measured_total(graphs)
+        measured = measured_total(graphs)
         if measured is not None:
             summary["measured_us_fused"] = measured
             if self.measured_us_unfused:
@@ -238,17 +237,15 @@ _ACTIVE: list[list[GraphReport]] = []  # report() calls in progress
 _BY_PATH: dict[str, FusionReport] = {}  # report_path -> the report written there
 
 
-def publish(graph_report: GraphReport, config: Config) -> None:
-    """Called by the backend for every compiled graph."""
+def publish(graph_report: GraphReport, config: Config, hardware: HardwareModel) -> None:
+    """Called by the backend for every compiled graph (``hardware``: the model it planned
+    with)."""
     graph_report.target = config.target
     for sink in _ACTIVE:
         sink.append(graph_report)
     if config.report_path:
         if config.report_path not in _BY_PATH:
-            from .hardware import get_hardware
-
-            hw = get_hardware(config.hardware_name, config.capacity_bytes)
-            _BY_PATH[config.report_path] = FusionReport(target=config.target, hardware=hw)
+            _BY_PATH[config.report_path] = FusionReport(target=config.target, hardware=hardware)
         rep = _BY_PATH[config.report_path]
         rep.graphs.append(graph_report)
         rep.save(config.report_path)
@@ -264,64 +261,7 @@ def collect():
         _ACTIVE.remove(sink)
 
 
-def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
-           backward: bool = False, dynamic: bool | None = None,
-           repeats: int = 10) -> FusionReport:
-    """Compile ``model_or_fn`` through the pypto backend and return its FusionReport.
-
-    With ``backward=True`` the backward graph is compiled too (gradients of the
-    outputs' sum are computed with torch.autograd.grad and not accumulated). With
-    ``options={"profile": True}`` the model runs ``repeats`` times so each
-    ``measured_us`` is a median, and the same model compiled with ``fusion=False``
-    (one kernel per op) is timed alike for the summary's ``measured_speedup``.
-    """
-    from .hardware import get_hardware
-
-    config = parse_options(options)
-    calls = max(repeats, 1) if config.profile else 1
-    graphs = _compile_and_run(model_or_fn, example_inputs, config, backward, dynamic, calls)
-    unfused = None
-    if config.profile and config.fusion:
-        unfused = _compile_and_run(model_or_fn, example_inputs,
-                                   dataclasses.replace(config, fusion=False, simulate=False),
-                                   backward, dynamic, calls)
-    hw = get_hardware(config.hardware_name, config.capacity_bytes)
-    if config.simulate:
-        from .codegen.pypto_sim import simulate_plan
-
-        for graph_report in graphs:
-            if graph_report.plan is not None:
-                graph_report.simulation = simulate_plan(graph_report.plan,
-                                                        buffering=config.buffering)
-    rep = FusionReport(graphs, target=config.target, hardware=hw)
-    if unfused is not None:
-        rep.measured_us_unfused = _measured_total([g.to_dict() for g in unfused])
-    return rep
-
-
-def _compile_and_run(model_or_fn, example_inputs, config, backward, dynamic,
-                     calls: int) -> list[GraphReport]:
-    from .backend import pypto_backend
-
-    torch._dynamo.reset()  # a report always reflects a fresh compile with these options
-    compiled = torch.compile(model_or_fn, dynamic=dynamic,
-                             backend=lambda gm, ex: pypto_backend(gm, ex, options=config))
-    params = [p for p in _parameters(model_or_fn) if p.requires_grad]
-    params += [x for x in example_inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    with collect() as graphs:
-        for _ in range(calls):
-            out = compiled(*example_inputs)
-            if backward:
-                outs = [o for o in torch.utils._pytree.tree_leaves(out)
-                        if isinstance(o, torch.Tensor) and o.requires_grad]
-                if outs and params:
-                    torch.autograd.grad(sum(o.float().sum() for o in outs), params,
-                                        allow_unused=True)
-    torch._dynamo.reset()
-    return graphs
-
-
-def _measured_total(graphs: list[dict]) -> float | None:
+def measured_total(graphs: list[dict]) -> float | None:
     """Sum of every FusionTile's measured_us, or None when one was not timed."""
     measured = [t.get("measured_us") for g in graphs for t in g["fusion_tiles"]]
     if not measured or any(m is None for m in measured):
@@ -348,7 +288,3 @@ def _simulated_summary(graphs: list[dict]) -> dict:
     return {"simulated_cycles_fused": fused, "simulated_cycles_unfused": unfused,
             "simulated_speedup": round(unfused / fused, 3) if fused else None,
             "simulation_failures": failures}
-
-
-def _parameters(model_or_fn):
-    return list(model_or_fn.parameters()) if isinstance(model_or_fn, torch.nn.Module) else []

@@ -18,11 +18,12 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from .codegen import host_alloc, reference
-from .codegen.sizes import is_symbolic, resolve_static, size_function
+from .codegen import Kernel, Target, reference
+from .codegen.cpp.alloc import BufferPool
 from .config import Config
 from .fusion import FusionPlan
-from .ir import ExternOp, FusionTile, TileOp, ValueRef, op_name
+from .ir import ExternOp, FusionTile, TileOp, ValueRef
+from .sizes import is_symbolic, resolve_static, size_function
 
 
 class KernelBuildError(RuntimeError):
@@ -42,7 +43,7 @@ class _Size:  # a pytree leaf: a size expression evaluated per call
 class CompiledGraph:
     """Runs a FusionPlan; called as ``compiled(*args)``."""
 
-    def __init__(self, plan: FusionPlan, target, config: Config):
+    def __init__(self, plan: FusionPlan, target: Target, config: Config):
         self.plan = plan
         self.config = config
         graph = plan.graph
@@ -56,7 +57,7 @@ class CompiledGraph:
         self.kernel_native: dict[str, dict] = {}
         self.timings: dict[str, list[float]] = {}
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
-        self.pool = host_alloc.BufferPool() if config.keep_buffers and _use_count else None
+        self.pool = BufferPool() if config.keep_buffers and _use_count else None
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.program = [self._compile_step(step, target) for step in plan.steps]
         self._free_after = self._liveness()
@@ -73,20 +74,21 @@ class CompiledGraph:
             out.append(self.slot[name])
         return out
 
-    def _compile_step(self, step, target):
+    def _compile_step(self, step, target: Target):
         graph = self.plan.graph
         symbols = graph.symbols
         if isinstance(step, FusionTile):
             kernel = self._build_kernel(step, target)
+            fn = kernel.fn  # called directly: no frame of the Kernel record per call
             ins = [self.slot[n] for n in step.inputs]
             outs = self._define(step.outputs)
-            if self.pool is not None and getattr(kernel, "takes_allocator", False):
+            if self.pool is not None and kernel.takes_allocator:
                 self.pooled.update(s for s in outs if s is not None)
                 # a kernel whose output is returned allocates afresh: taking a pooled
                 # buffer there would hand it to the caller and leave a later kernel a miss
                 if not set(step.outputs) & set(graph.outputs):
-                    kernel = functools.partial(kernel, empty=self.pool.empty)
-            return ("kernel", step.name, kernel, ins, outs)
+                    fn = functools.partial(fn, empty=self.pool.empty)
+            return ("kernel", step.name, fn, ins, outs)
         if isinstance(step, TileOp):  # a view: zero-copy through torch, one result
             ins = [self.slot[n] for n in step.inputs]
             return ("view", step.name, reference.op_runner(step, symbols), ins,
@@ -94,22 +96,20 @@ class CompiledGraph:
         assert isinstance(step, ExternOp)
         return self._compile_extern(step, symbols)
 
-    def _build_kernel(self, tile: FusionTile, target) -> Callable:
+    def _build_kernel(self, tile: FusionTile, target: Target) -> Kernel:
         graph = self.plan.graph
-        if self._built is None:  # the first tile: build all of them at once if the target can
+        if self._built is None:  # the first tile: build all of them at once
             self._built = {}
-            if hasattr(target, "build_many"):
-                tiles = [s for s in self.plan.steps if isinstance(s, FusionTile)]
-                try:
-                    self._built = dict(zip([t.name for t in tiles],
-                                           target.build_many(tiles, graph)))
-                except Exception:  # noqa: BLE001 - build them one by one below
-                    pass
+            tiles = [s for s in self.plan.steps if isinstance(s, FusionTile)]
+            try:
+                self._built = dict(zip([t.name for t in tiles], target.build_many(tiles, graph)))
+            except Exception:  # noqa: BLE001 - build them one by one below
+                pass
         try:
             kernel = self._built.pop(tile.name, None) or target.build(tile, graph)
             if isinstance(kernel, Exception):
                 raise kernel
-            if hasattr(kernel, "native"):
+            if kernel.native is not None:
                 self.kernel_native[tile.name] = {"native": kernel.native, "reason": kernel.reason}
             return kernel
         except Exception as e:  # noqa: BLE001 - any build failure falls back to eager
@@ -229,10 +229,3 @@ def _alone_counts() -> tuple[int, int]:
 
 
 _ALONE_REFS, _ALONE_USES = _alone_counts() if _use_count else (None, None)  # no pool then
-
-
-def extern_op_counts(plan: FusionPlan) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for step in plan.externs:
-        counts[op_name(step.fn)] = counts.get(op_name(step.fn), 0) + 1
-    return counts

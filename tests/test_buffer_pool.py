@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pypto_inductor import models
-from pypto_inductor.codegen import host_alloc
+from pypto_inductor.codegen.cpp import alloc as host_alloc
 from pypto_inductor.report import collect
 
 
@@ -152,8 +152,8 @@ def test_outputs_allocated_with_and_without_inductors_entry_point(fast, monkeypa
     """host_alloc.empty uses torch's _empty_strided_cpu when present, torch.empty else:
     both give contiguous buffers of the right shape and dtype, and the same results."""
     if not fast:
-        monkeypatch.setattr(host_alloc, "_empty_strided", None)
-    elif host_alloc._empty_strided is None:
+        monkeypatch.setattr(host_alloc, "empty_strided_cpu", None)
+    elif host_alloc.empty_strided_cpu is None:
         pytest.fail("torch._C._dynamo.guards._empty_strided_cpu is missing from this torch")
     for shape, dtype in [((3, 0, 5), torch.float32), ((7, 1, 9), torch.bfloat16), ((), torch.int64)]:
         t = host_alloc.empty(shape, dtype)

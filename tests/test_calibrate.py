@@ -7,20 +7,20 @@ import warnings
 import pytest
 import torch
 
-from pypto_inductor import calibrate, hardware
+from pypto_inductor import calibrate
 
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(calibrate.ENV_OFF, raising=False)
-    hardware.host.cache_clear()
+    calibrate.host_model.cache_clear()
     yield tmp_path
-    hardware.host.cache_clear()
+    calibrate.host_model.cache_clear()
 
 
 def test_host_uses_cached_calibration(fresh, monkeypatch):
-    hw = hardware.host()
+    hw = calibrate.host_model()
     data = json.loads((fresh / "host_calibration.json").read_text())
     entry = data[calibrate.machine_key()]
     assert hw.gm_bandwidth_bytes_per_s == entry["gm_bandwidth_bytes_per_s"] > 1e8
@@ -29,9 +29,9 @@ def test_host_uses_cached_calibration(fresh, monkeypatch):
     assert 1e8 < hw.vector_flops_per_s == entry["vector_flops_per_s"] < hw.cube_flops_per_s
     assert dict(hw.details)["source"].startswith("calibrated")
     # second use: read from disk, nothing measured again
-    hardware.host.cache_clear()
+    calibrate.host_model.cache_clear()
     monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured twice"))
-    assert hardware.host().launch_us == entry["launch_us"]
+    assert calibrate.host_model().launch_us == entry["launch_us"]
 
 
 def test_other_machine_entry_is_kept_and_corrupt_file_remeasured(fresh):
@@ -48,7 +48,7 @@ def test_other_machine_entry_is_kept_and_corrupt_file_remeasured(fresh):
 def test_no_calibrate_keeps_defaults(fresh, monkeypatch):
     monkeypatch.setenv(calibrate.ENV_OFF, "1")
     monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured"))
-    hw = hardware.host()
+    hw = calibrate.host_model()
     assert hw.gm_bandwidth_bytes_per_s == 40e9 and hw.launch_us == 4.0
     assert not (fresh / "host_calibration.json").exists()
 

@@ -10,7 +10,7 @@ import torch
 
 from pypto_inductor import models
 from pypto_inductor.report import collect
-from test_cpp_target import DTYPES, _cache, built, check, check_sizes, rand  # noqa: F401
+from test_cpp_target import DTYPES, built, check, check_sizes, isolated_cpp_cache, rand  # noqa: F401
 
 COLUMN_REDUCTIONS = {
     "sum": lambda x: x.sum(0), "sum01_keepdim": lambda x: x.sum((0, 1), keepdim=True),

@@ -17,18 +17,19 @@ import torch
 import torch.nn.functional as F
 
 import pypto_inductor
-from pypto_inductor.codegen import cpp, cpp_build
-from pypto_inductor.codegen.sizes import is_symbolic
+from pypto_inductor.codegen import cpp
+from pypto_inductor.codegen.cpp import compiler as cpp_build
+from pypto_inductor.sizes import is_symbolic
 
 OPTS = {"target": "cpu"}
 
 
 @pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
+def isolated_cpp_cache(tmp_path_factory, monkeypatch):
     """One temporary cache for the module (kernels shared across tests), a fresh memory cache."""
     root = tmp_path_factory.getbasetemp() / "cpp_cache"
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(root))
-    monkeypatch.setattr(cpp_build, "_loaded", dict(cpp_build._loaded))
+    monkeypatch.setattr(cpp_build, "loaded", dict(cpp_build.loaded))
     yield
 
 
@@ -158,7 +159,7 @@ def test_permute_inside_graph(built):
 def test_transposed_reads_in_row_blocks(dtype, built):
     """Strided inputs run in blocks of cpp_emit.BLOCK_ROWS x BLOCK_COLS: sizes with partial
     blocks on both sides, several work items (both threads), a broadcast operand."""
-    from pypto_inductor.codegen import cpp_emit
+    from pypto_inductor.codegen.cpp import emit_rows as cpp_emit
 
     assert (cpp_emit.BLOCK_ROWS, cpp_emit.BLOCK_COLS) != (1, 1)
     check(lambda x, b: x.transpose(1, 2) * b + 1.0, rand(3, 150, 97, dtype=dtype),
@@ -721,7 +722,7 @@ def test_cache_hit_and_miss(monkeypatch):
     assert f() == 7 and cpp_build.stats["compiles"] == before["compiles"] + 1
     assert cpp_build.load(_SRC % 7, "pi_kernel")() == 7
     assert cpp_build.stats["memory_hits"] == before["memory_hits"] + 1
-    monkeypatch.setattr(cpp_build, "_loaded", {})  # a new process: the disk cache answers
+    monkeypatch.setattr(cpp_build, "loaded", {})  # a new process: the disk cache answers
     assert cpp_build.load(_SRC % 7, "pi_kernel")() == 7
     assert cpp_build.stats["disk_hits"] == before["disk_hits"] + 1
     assert cpp_build.stats["compiles"] == before["compiles"] + 1
@@ -732,12 +733,12 @@ def test_corrupt_cache_entry_is_rebuilt(monkeypatch, damage):
     src = _SRC % (11 if damage == "truncated" else 12)
     compiler = cpp_build.find_compiler()
     so = cpp_build.cache_dir() / f"{cpp_build.cache_key(src, compiler)}.so"
-    cpp_build._compile(src, compiler, so)  # an entry another process wrote
+    cpp_build.compile_library(src, compiler, so)  # an entry another process wrote
     if damage == "truncated":  # checksum no longer matches
         so.write_bytes(so.read_bytes()[:100])
     else:  # checksum matches, but the file is no shared library
         so.write_bytes(b"not an ELF file" * 10)
-        so.with_suffix(".sha256").write_text(cpp_build._checksum(so))
+        so.with_suffix(".sha256").write_text(cpp_build.checksum(so))
     before = dict(cpp_build.stats)
     assert cpp_build.load(src, "pi_kernel")() == int(src.split("return ")[1].split(";")[0])
     assert cpp_build.stats["rebuilt"] == before["rebuilt"] + 1
@@ -747,7 +748,7 @@ def test_corrupt_cache_entry_is_rebuilt(monkeypatch, damage):
 def test_two_processes_compile_same_graph(tmp_path):
     script = textwrap.dedent("""
         import torch, pypto_inductor
-        from pypto_inductor.codegen import cpp_build
+        from pypto_inductor.codegen.cpp import compiler as cpp_build
         torch.manual_seed(0)
         x = torch.randn(64, 200)
         fn = lambda x: torch.tanh(torch.log_softmax(x * 1.7, -1)) + 0.123
@@ -769,8 +770,8 @@ def test_two_processes_compile_same_graph(tmp_path):
 def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, built):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("PATH", str(tmp_path))  # no compilers on PATH
-    monkeypatch.setattr(cpp, "_warned_no_compiler", False)
-    monkeypatch.setattr(cpp_build, "_loaded", {})
+    monkeypatch.setattr(cpp, "warned_no_compiler", False)
+    monkeypatch.setattr(cpp_build, "loaded", {})
     fn = lambda x: torch.softmax(x, -1) + x.exp()  # noqa: E731
     with pytest.warns(UserWarning, match="no C.. compiler") as rec:
         check(fn, rand(8, 16), built=built, native=False)
@@ -808,15 +809,15 @@ def test_graph_compiles_as_few_libraries(monkeypatch, built):
 
 
 def test_chunks_balance_sources():
-    pend = [(i, cpp._Pending(None, "head" + cpp._HEAD + "x" * n, None))
+    pend = [(i, cpp.Pending(None, "head" + cpp.HEAD + "x" * n, None))
             for i, n in enumerate([100, 100, 100, 100, 400])]
-    assert [[i for i, _ in c] for c in cpp._chunks(pend, 2)] == [[0, 1, 2, 3], [4]]
-    assert [[i for i, _ in c] for c in cpp._chunks(pend, 3)] == [[0, 2], [1, 3], [4]]
-    assert len(cpp._chunks(pend, 8)) == 5
-    assert len(cpp._chunks(pend, 1)) == 1 and len(cpp._chunks(pend[:2], 8)) == 2
-    odd = (5, cpp._Pending(None, "no marker", None))  # never shares a library
-    assert [[i for i, _ in c] for c in cpp._chunks(pend + [odd], 1)] == [[0, 1, 2, 3, 4], [5]]
-    source, symbols = cpp._library(cpp._chunks(pend, 1)[0])
+    assert [[i for i, _ in c] for c in cpp.plan_chunks(pend, 2)] == [[0, 1, 2, 3], [4]]
+    assert [[i for i, _ in c] for c in cpp.plan_chunks(pend, 3)] == [[0, 2], [1, 3], [4]]
+    assert len(cpp.plan_chunks(pend, 8)) == 5
+    assert len(cpp.plan_chunks(pend, 1)) == 1 and len(cpp.plan_chunks(pend[:2], 8)) == 2
+    odd = (5, cpp.Pending(None, "no marker", None))  # never shares a library
+    assert [[i for i, _ in c] for c in cpp.plan_chunks(pend + [odd], 1)] == [[0, 1, 2, 3, 4], [5]]
+    source, symbols = cpp.library_source(cpp.plan_chunks(pend, 1)[0])
     assert source.count("head") == 1 and symbols == tuple(f"pi_kernel_{i}" for i in range(5))
 
 

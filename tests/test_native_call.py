@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pypto_inductor.codegen import native_call
+from pypto_inductor.codegen.cpp import native_call
 
 
 def _fn(x, w):
@@ -24,7 +24,7 @@ def test_extension_builds_where_python_headers_exist():
 @pytest.mark.parametrize("path", ["extension", "ctypes"])
 def test_kernels_match_eager_through_either_call(path, monkeypatch):
     if path == "ctypes":
-        monkeypatch.setitem(native_call._state, "call", None)
+        monkeypatch.setitem(native_call.state, "call", None)
     elif native_call.extension_call() is None:
         pytest.fail("the extension did not build on this machine")
     x, w = torch.randn(33, 40), torch.randn(40, 7)

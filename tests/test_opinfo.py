@@ -42,7 +42,7 @@ import pypto_inductor
 import pypto_inductor.backend as pypto_backend_module
 from pypto_inductor.backend import pypto_backend
 from pypto_inductor.codegen import reference
-from pypto_inductor.codegen.sizes import size_function
+from pypto_inductor.sizes import size_function
 from pypto_inductor.ir import TileOp, op_name
 from pypto_inductor.lowering import LOWERINGS, decomposition_table, lowered_op_names
 from pypto_inductor.report import collect

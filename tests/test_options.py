@@ -142,7 +142,7 @@ def test_fallback_error_passes_a_fully_lowered_model(run_both):
 
 # --- targets ------------------------------------------------------------------------------
 def test_npu_target_unavailable_here():
-    from pypto_inductor.codegen import npu
+    from pypto_inductor.codegen import pypto as npu
 
     if not npu.missing_requirements():  # pragma: no cover - an Ascend machine
         pytest.skip("an NPU is available on this machine")
@@ -235,7 +235,8 @@ def test_backend_works_without_importing_the_package():
 
 # --- kernel build failures ----------------------------------------------------------------
 def _flaky_target(fail_on: str) -> types.ModuleType:
-    """A target whose build fails for tiles containing op ``fail_on``; else the reference."""
+    """A target (see codegen.Target) whose build fails for tiles containing op ``fail_on``;
+    else the reference."""
     from pypto_inductor.codegen import reference
 
     module = types.ModuleType("pypto_test_flaky_target")
@@ -248,6 +249,8 @@ def _flaky_target(fail_on: str) -> types.ModuleType:
         return reference.build(tile, graph)
 
     module.build = build
+    module.build_many = lambda tiles, graph: codegen.build_each(build, tiles, graph)
+    module.check_available = lambda: None
     return module
 
 

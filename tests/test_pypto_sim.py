@@ -24,8 +24,10 @@ if importlib.util.find_spec("pypto") is None:
 
 import pypto_inductor  # noqa: E402
 from pypto_inductor import hardware  # noqa: E402
-from pypto_inductor.codegen import TargetUnavailable, npu, pypto_sim  # noqa: E402
-from pypto_inductor.codegen.pypto_emit import (  # noqa: E402
+from pypto_inductor.codegen import TargetUnavailable  # noqa: E402
+from pypto_inductor.codegen import pypto as npu  # noqa: E402
+from pypto_inductor.codegen.pypto import sim as pypto_sim  # noqa: E402
+from pypto_inductor.codegen.pypto.emit import (  # noqa: E402
     PyptoEmitError, emit_tile, single_op_tile, split_tile)
 from pypto_inductor.models import LayerNormGeluResidual  # noqa: E402
 
@@ -239,7 +241,7 @@ def test_ascend_model_reads_pypto_ini(monkeypatch):
     assert hw.vector_capacity_bytes == 196608 and hw.cube_capacity_bytes == 524288
     assert d["l0a_bytes"] == 65536 and d["l0c_bytes"] == 131072 and d["cube_cores"] == 24
     assert d["freq_hz"] == 1.85e9 and d["ub_to_ddr_bytes_per_cycle"] == 64
-    monkeypatch.setattr(hardware, "_pypto_a2a3_ini", lambda: {})
+    monkeypatch.setattr(hardware, "pypto_a2a3_ini", lambda: {})
     fallback = hardware.ascend_a2()
     assert dict(fallback.details)["source"] == "built-in"
     assert (fallback.vector_capacity_bytes, fallback.cube_flops_per_s) == \
@@ -534,8 +536,8 @@ def test_tile_split_at_op_without_pypto_form(sim_cache, tmp_path, monkeypatch):
     assert "<td>bitwise_not</td>" in rep.save(tmp_path / "r.html").read_text()
 
     # the NPU path runs the same steps: pypto parts (here the reference) and the op eagerly
-    from pypto_inductor.codegen.reference import build_reference
-    run = npu.build_split(split, plan.graph, build_reference)
+    from pypto_inductor.codegen import reference
+    run = npu.build_split(split, plan.graph, reference.build)
     assert run.split_ops == ["bitwise_not"]
     (out,) = run([x, y], ())
     torch.testing.assert_close(out, _with_bitwise_not(x, y))

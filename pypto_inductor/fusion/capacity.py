@@ -19,6 +19,7 @@ import sympy
 
 from ..hardware import HardwareModel
 from ..ir import OpKind, TensorSpec, TileGraph, TileOp
+from ..sizes import numel
 
 TILE_ROWS = sympy.Symbol("tile_rows", positive=True, integer=True)
 TILE_COLS = sympy.Symbol("tile_cols", positive=True, integer=True)
@@ -66,18 +67,14 @@ class Domain:
         return numel == self.numel
 
 
-def _prod(shape) -> sympy.Expr:
-    return sympy.Mul(*shape) if shape else sympy.Integer(1)
-
-
 def op_domain(op: TileOp, graph: TileGraph) -> Domain:
     if op.kind is OpKind.REDUCTION:
         shape = graph.specs[op.args[0]].shape
         dims = tuple(op.attrs["dims"])
         first = len(shape) - len(dims)
         if dims == tuple(range(first, len(shape))):
-            return Domain("row", _prod(shape[:first]), _prod(shape[first:]), shape, dims)
-        return Domain("reduce", _prod(shape), sympy.Integer(1), shape, dims)
+            return Domain("row", numel(shape[:first]), numel(shape[first:]), shape, dims)
+        return Domain("reduce", numel(shape), sympy.Integer(1), shape, dims)
     kind = "matmul" if op.kind is OpKind.MATMUL else "pointwise"
     return Domain(kind, op.out.numel, sympy.Integer(1), op.out.shape)
 
@@ -202,7 +199,7 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
     if domain.kind == "row":
         cols_expr = domain.rnumel
     elif domain.kind == "reduce":
-        cols_expr = _prod([domain.shape[a] for a in domain.reduce_axes])
+        cols_expr = numel([domain.shape[a] for a in domain.reduce_axes])
     else:
         cols_expr = domain.shape[-1] if domain.shape else sympy.Integer(1)
     cols = graph.hint(cols_expr)

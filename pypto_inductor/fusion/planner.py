@@ -56,6 +56,13 @@ class FusionPlan:
     def externs(self) -> list[ExternOp]:
         return [s for s in self.steps if isinstance(s, ExternOp)]
 
+    def extern_counts(self) -> dict[str, int]:
+        """ATen op name -> how many of the plan's extern (eager) calls run it."""
+        counts: dict[str, int] = {}
+        for step in self.externs:
+            counts[step.op_name] = counts.get(step.op_name, 0) + 1
+        return counts
+
 
 def _float_dtypes(ops: list[TileOp], graph: TileGraph) -> set[torch.dtype]:
     dts = set()

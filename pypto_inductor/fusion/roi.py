@@ -24,24 +24,9 @@ import dataclasses
 
 from ..hardware import HardwareModel
 from ..ir import OpKind, TileGraph, TileOp, gemm_bias_add
-
-# Relative cost, in flops per element, of ops heavier than one add.
-_TRANSCENDENTAL = {
-    "exp": 8, "exp2": 8, "expm1": 8, "log": 8, "log1p": 8, "log2": 8, "log10": 8,
-    "sin": 8, "cos": 8, "tan": 10, "tanh": 10, "sigmoid": 10, "silu": 10, "gelu": 14,
-    "erf": 10, "erfc": 10, "pow": 10, "softplus": 12, "mish": 20, "elu": 10,
-    "rsqrt": 4, "sqrt": 4, "div": 4, "reciprocal": 4, "softmax": 12, "log_softmax": 12,
-    "logsumexp": 12, "var": 4, "std": 5, "atan2": 12, "asin": 10, "acos": 10, "atan": 10,
-    "sinh": 10, "cosh": 10, "asinh": 10, "acosh": 10, "atanh": 10, "hypot": 6,
-}
-
+from ..ops import flop_weight
 
 _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
-
-
-def transcendental_flops(op: str) -> int:
-    """The model's flops per element of a tile op (1 for an add)."""
-    return _TRANSCENDENTAL.get(op, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +104,7 @@ class CostModel:
             elems = self.graph.hint(op.out.numel)
         if op.op == "pow" and op.args[-1] in _CHEAP_POWERS:
             return elems  # x*x, sqrt(x), 1/x, ...: what the kernels emit for these powers
-        return elems * transcendental_flops(op.op)
+        return elems * flop_weight(op.op)  # the op catalogue's cost (ops.py)
 
     def elems(self, op: TileOp) -> int:
         """Elements of the op's iteration domain (a reduction iterates over its input)."""

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map
 
 from ..config import Config
 from ..ir import ExternOp, OpKind, SymSpec, TensorSpec, TileGraph, TileOp, ValueRef, op_name
+from ..sizes import contiguous_strides
 from .registry import LOWERINGS, Unsupported
 
 SUPPORTED_DTYPES = {
@@ -55,14 +56,6 @@ def spec_of(val: Any) -> TensorSpec | SymSpec | None:
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return SymSpec(size_expr(val))
     return None
-
-
-def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
-    strides, acc = [], sympy.Integer(1)
-    for size in reversed(shape):
-        strides.append(acc)
-        acc = acc * size
-    return tuple(reversed(strides))
 
 
 class LoweringContext:

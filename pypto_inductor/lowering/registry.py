@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from ..ir import op_name
+
 LOWERINGS: dict[torch._ops.OpOverload, Callable] = {}
 
 
@@ -38,6 +40,4 @@ def register_lowering(*ops) -> Callable[[Callable], Callable]:
 
 def lowered_op_names() -> list[str]:
     """Distinct ATen ops (packets) with a lowering, e.g. 'aten.add'."""
-    from ..ir import op_name
-
     return sorted({op_name(op).rsplit(".", 1)[0] for op in LOWERINGS})

@@ -1,61 +1,23 @@
-"""The NPU target: FusionTiles as pypto kernels launched on an Ascend NPU.
+"""Launching an emitted pypto kernel on torch tensors (the NPU's, or in pypto's simulator).
 
-Needs pypto, torch_npu and a visible NPU. Without them, asking for the target
-raises TargetUnavailable naming what is missing.
-
-The kernel is the module :mod:`.pypto_emit` writes (the same one pypto's
-simulator runs, with ``RunMode.NPU``). :class:`PyptoLauncher` is the shared
-launch step: it writes the module to a real file (pypto re-reads its source),
-imports it, reshapes the tile's input tensors to the kernel's shapes, allocates
-the outputs on the inputs' device, calls the jit function and hands the outputs
-back in their graph shapes. The simulator worker (:mod:`.pypto_sim`) launches
-every simulated kernel through it, so this module keeps its top-level imports
-to the standard library and torch: the worker loads it by file path without
-importing the whole package.
+The kernel is the module :mod:`.emit` writes (the same source for ``RunMode.NPU``
+and ``RunMode.SIM``). :class:`PyptoLauncher` is the shared launch step: it writes
+the module to a real file (pypto re-reads its source), imports it, reshapes the
+tile's input tensors to the kernel's shapes, allocates the outputs on the inputs'
+device, calls the jit function and hands the outputs back in their graph shapes.
+The simulator's worker (:mod:`.sim_worker`) launches every simulated kernel
+through it, so this module imports only the standard library and torch: the
+worker loads it by file path without importing the whole package.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import os
+import math
 import sys
 from pathlib import Path
 from typing import Callable
 
 import torch
-
-
-def missing_requirements() -> list[str]:
-    missing = []
-    if importlib.util.find_spec("pypto") is None:
-        missing.append("pypto (pip install 'pypto-inductor[pypto]')")
-    if importlib.util.find_spec("torch_npu") is None:
-        missing.append("torch_npu (pip install 'pypto-inductor[npu]')")
-    else:
-        import torch_npu  # noqa: F401
-
-        if not (hasattr(torch, "npu") and torch.npu.is_available()):
-            missing.append("an Ascend NPU visible to torch_npu")
-    return missing
-
-
-def check_available() -> None:
-    from . import TargetUnavailable
-
-    missing = missing_requirements()
-    if missing:
-        raise TargetUnavailable(
-            "target='npu' needs " + ", ".join(missing)
-            + "; use target='cpu' (native) or 'reference' on this machine, or "
-            "options={'simulate': True} in pypto_inductor.report to check NPU fusion with pypto's simulator"
-        )
-
-
-def kernel_dir() -> Path:
-    """Where generated kernel modules live (pypto re-reads their source)."""
-    # Not config.cache_dir: the simulator worker loads this file alone, outside the package.
-    root = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR") or Path.home() / ".cache" / "pypto_inductor"
-    return Path(root) / "kernels"
 
 
 def write_kernel_module(name: str, source: str, directory: str | Path) -> Path:
@@ -156,80 +118,10 @@ def _dtype(param: dict) -> torch.dtype:
 
 
 def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    return math.prod(int(s) for s in shape)
 
 
 def _default_device() -> torch.device:
     if hasattr(torch, "npu") and torch.npu.is_available():
         return torch.device("npu", torch.npu.current_device())
     return torch.device("cpu")
-
-
-def build(tile, graph):
-    """kernel(inputs, syms) -> outputs: the FusionTile as a pypto kernel on the NPU.
-
-    A tile whose rows are a size expression gets a dynamic kernel (one source for
-    every size); a static kernel called with other sizes raises. A tile with ops
-    that have no pypto form is split there (:func:`.pypto_emit.split_tile`): those
-    ops run eagerly between the pypto kernels of the rest.
-    """
-    check_available()
-    from .pypto_emit import PyptoEmitError, split_tile
-
-    try:
-        return build_kernel(tile, graph)
-    except PyptoEmitError:
-        split = split_tile(tile, graph)
-        if split is None or not split.parts:
-            raise
-        return build_split(split, graph, build_kernel)
-
-
-def build_kernel(tile, graph):
-    """kernel(inputs, syms) -> outputs for one pypto kernel (raises PyptoEmitError)."""
-    from .pypto_emit import emit_tile
-
-    kernel = emit_tile(tile, graph, run_mode="NPU")
-    digest = hashlib.sha256(kernel.source.encode()).hexdigest()[:16]
-    launcher = PyptoLauncher.load(kernel.to_json(), kernel_dir() / digest)
-    if not kernel.dynamic:
-        def run(inputs: list, syms: tuple) -> list:
-            return launcher(inputs)
-        return run
-    from .sizes import size_function
-
-    out_shapes = size_function(tuple(tuple(graph.specs[p.value].shape) for p in kernel.outputs),
-                               graph.symbols)
-
-    def run_dynamic(inputs: list, syms: tuple) -> list:
-        return launcher(inputs, [list(s) for s in out_shapes(syms)])
-
-    return run_dynamic
-
-
-def build_split(split, graph, build_part: Callable) -> Callable:
-    """kernel(inputs, syms) -> outputs of a split tile: ``build_part(part, graph)`` for
-    each pypto part, the split ops one by one with torch (the reference executor)."""
-    from .pypto_emit import single_op_tile
-    from .reference import build_reference
-
-    steps = []
-    for kind, x in split.steps:
-        if kind == "pypto":
-            steps.append((list(x.inputs), list(x.outputs), build_part(x, graph)))
-        else:
-            one = single_op_tile(x, graph, split.tile.tile_shape)
-            steps.append((list(one.inputs), list(one.outputs), build_reference(one, graph)))
-    tile_inputs, tile_outputs = list(split.tile.inputs), list(split.tile.outputs)
-
-    def run(inputs: list, syms: tuple) -> list:
-        env = dict(zip(tile_inputs, inputs))
-        for ins, outs, fn in steps:
-            env.update(zip(outs, fn([env[a] for a in ins], syms)))
-        return [env[o] for o in tile_outputs]
-
-    run.split_ops = [op.op for op in split.split_ops]
-    return run

@@ -1,11 +1,11 @@
 """Output buffers of the native CPU target.
 
 glibc serves buffers of 32 MiB and more straight from mmap, so every call gets
-fresh pages, and in a VM each first touch of a 4 KiB page is an expensive fault.
-Measured here (8192x1024 fp32 relu, 2 threads): 12.8 ms into a new tensor, 2.0 ms
-into a reused one, 4.2 ms into a new tensor advised to use transparent huge pages
-(one fault per 2 MiB). So large outputs get ``madvise(MADV_HUGEPAGE)`` before the
-kernel writes them; the advice is per buffer and dies with it.
+fresh pages, and in a VM each first touch of a 4 KiB page is an expensive fault
+(a large relu into a new tensor runs several times slower than into a reused one:
+docs/benchmarks.md). So large outputs get ``madvise(MADV_HUGEPAGE)`` (one fault
+per 2 MiB) before the kernel writes them; the advice is per buffer and dies with
+it. :class:`BufferPool` keeps a compiled graph's kernel outputs for its next calls.
 """
 from __future__ import annotations
 
@@ -43,10 +43,12 @@ def _madvise():
 _MADVISE = _madvise()
 
 
-# torch.empty parses its arguments in Python's arg parser (2.2 us a call here); Inductor's
-# allocator entry point takes the strides ready-made (0.8 us). Strides are cached per shape.
-_empty_strided = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards,
-                         "_empty_strided_cpu", None)
+# torch.empty parses its arguments in Python's arg parser; Inductor's allocator entry point
+# takes the strides ready-made, at a fraction of the cost (docs/runtime_overhead.md).
+# Strides (torch's, a size-0 dim counting as 1) are cached per shape: the call path
+# has no room for sizes.contiguous_strides' sympy.
+empty_strided_cpu = getattr(getattr(torch._C, "_dynamo", None) and torch._C._dynamo.guards,
+                            "_empty_strided_cpu", None)
 _contiguous: dict[tuple, tuple] = {}
 
 
@@ -63,8 +65,8 @@ def _strides(shape: tuple) -> tuple:
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty, with huge pages advised for the 2 MiB-aligned part of large buffers."""
-    if _empty_strided is not None and type(shape) is tuple:
-        out = _empty_strided(shape, _contiguous.get(shape) or _strides(shape), dtype)
+    if empty_strided_cpu is not None and type(shape) is tuple:
+        out = empty_strided_cpu(shape, _contiguous.get(shape) or _strides(shape), dtype)
     else:
         out = torch.empty(shape, dtype=dtype)
     if _MADVISE is not None:
@@ -82,8 +84,8 @@ class BufferPool:
 
     The runtime hands a kernel output back when its slot dies and nothing else holds it
     (``CompiledGraph.__call__``: no other reference, no view); a later kernel wanting the same shape and dtype takes it
-    instead of allocating. Inside a block an allocation cost 4-16 us (glibc sorting the
-    chunks the previous steps freed), as much as a 1 MiB kernel's wrapper. The pool holds
+    instead of allocating. Inside a block an allocation cost as much as a 1 MiB kernel's
+    wrapper (glibc sorting the chunks the previous steps freed). The pool holds
     at most the graph's peak of live kernel outputs, and is emptied when the size
     symbols change, so calls at many sizes do not pile up buffers.
     """

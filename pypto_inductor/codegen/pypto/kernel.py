@@ -22,6 +22,8 @@ from typing import Any
 import sympy
 import torch
 
+from ...sizes import numel
+
 __all__ = ["PyptoEmitError", "PYPTO_DTYPES", "KernelParam", "PyptoKernel", "kernel_name"]
 
 
@@ -157,10 +159,11 @@ def kernel_shape(dims: tuple, graph_shape: tuple[int, ...], row_dims: int | None
     dim takes what the static ones leave; two named dims split at ``row_dims``."""
     named = [d for d in dims if isinstance(d, str)]
     if len(named) > 1:
-        sizes = {named[0]: prod(graph_shape[:row_dims]), named[1]: prod(graph_shape[row_dims:])}
+        sizes = {named[0]: int(numel(graph_shape[:row_dims])),
+                 named[1]: int(numel(graph_shape[row_dims:]))}
     else:
-        static = prod([d for d in dims if not isinstance(d, str)])
-        sizes = {d: prod(graph_shape) // static for d in named}
+        static = int(numel([d for d in dims if not isinstance(d, str)]))
+        sizes = {d: int(numel(graph_shape)) // static for d in named}
     return tuple(sizes[d] if isinstance(d, str) else d for d in dims)
 
 
@@ -173,10 +176,6 @@ def kernel_name(tile_name: str) -> str:
 def ident(name: str) -> str:
     """A Python identifier made from a value name."""
     return re.sub(r"\W", "_", name)
-
-
-def prod(xs) -> int:
-    return int(math.prod(xs)) if xs else 1
 
 
 def literal(v: Any) -> str:
@@ -192,13 +191,3 @@ def literal(v: Any) -> str:
             return "float('nan')"
         return repr(v)
     raise TypeError(v)
-
-
-def symbolic(x: Any) -> bool:
-    """Whether a size is an expression over size symbols (not a number)."""
-    return isinstance(x, sympy.Basic) and bool(x.free_symbols)
-
-
-def same_size(a: Any, b: Any) -> bool:
-    """Whether two size expressions are equal for every value of their symbols."""
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0

@@ -1,14 +1,13 @@
 """How Python calls a compiled kernel: through a small CPython extension, else ctypes.
 
-Through ctypes, filling the pointer array and converting the arguments cost about
-0.7 us a call (isolated; 2-4 us inside a block, where every object it touches is
-out of cache). The extension's ``call(fn, tensors, meta, syms, nt)`` takes the
+Through ctypes, filling the pointer array and converting the arguments cost a
+noticeable part of a small kernel's call (docs/runtime_overhead.md). The extension's ``call(fn, tensors, meta, syms, nt)`` takes the
 kernel's address, a tuple of tensors (inputs then outputs) and the addresses of
 the metadata arrays, reads each data pointer with the function torch exports for
 Inductor's own kernel bindings
 (``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``, no torch
-headers needed) and runs the kernel with the GIL released: 0.16 us. It is built
-once per machine into the kernel cache (well under a second). Without Python's
+headers needed) and runs the kernel with the GIL released. It is built once per
+machine into the kernel cache (well under a second). Without Python's
 headers, a compiler, or that torch function, kernels are called through ctypes.
 """
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import cpp_build
+from . import compiler
 
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
@@ -72,7 +71,7 @@ static PyModuleDef pi_module = {PyModuleDef_HEAD_INIT, "pi_native_call", nullptr
 PyMODINIT_FUNC PyInit_pi_native_call(void) { return PyModule_Create(&pi_module); }
 """
 
-_state: dict = {}  # "call": the extension's call, or None when unavailable
+state: dict = {}  # "call": the extension's call, or None when unavailable
 
 
 def _build():
@@ -81,7 +80,7 @@ def _build():
     include = sysconfig.get_paths().get("include")
     if data_ptr is None or not include or not (Path(include) / "Python.h").exists():
         return None
-    lib = cpp_build.load_library(_SOURCE, ("PyInit_pi_native_call",), flags=(f"-I{include}",))
+    lib = compiler.load_library(_SOURCE, ("PyInit_pi_native_call",), flags=(f"-I{include}",))
     loader = importlib.machinery.ExtensionFileLoader("pi_native_call", lib._name)
     spec = importlib.util.spec_from_file_location("pi_native_call", lib._name, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -92,9 +91,9 @@ def _build():
 
 def extension_call():
     """The extension's ``call``, built on first use; None where it cannot be built."""
-    if "call" not in _state:
+    if "call" not in state:
         try:
-            _state["call"] = _build()
+            state["call"] = _build()
         except Exception:  # noqa: BLE001 - no headers, compile error, ...: ctypes then
-            _state["call"] = None
-    return _state["call"]
+            state["call"] = None
+    return state["call"]

@@ -20,7 +20,7 @@ passes over the columns, in op order:
   spans the columns; per-row outputs are stored after it.
 
 Pointwise tiles with dynamic columns are the case with no reduction: one loop.
-With dynamic rows too, all of this runs inside the row loop (:mod:`.pypto_rows`).
+With dynamic rows too, all of this runs inside the row loop (:mod:`.rows`).
 Compiled and simulated with pypto 0.2.0's SIM mode, which computes no values:
 that a reduction over a partial chunk ignores the columns past its
 ``valid_shape`` is pypto's contract for ``valid_shape``, not checked here.
@@ -28,33 +28,30 @@ Integer reductions are refused (the accumulators are float).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from ..ir import OpKind, TileOp
-from .pypto_kernel import KernelParam, PyptoEmitError
-from .pypto_ops import OPS, check_reduction, tensor_operands
-
-if TYPE_CHECKING:
-    from .pypto_writer import KernelWriter
+from ...ir import OpKind, TileOp
+from .kernel import KernelParam, PyptoEmitError
+from .ops import OPS, Writer, check_reduction, tensor_operands
 
 DIM = "C"  # the dynamic kernel dim of the columns
 _LOWEST = "-3.4028234663852886e+38"  # fp32 lowest: amax's initial value
 _HIGHEST = "3.4028234663852886e+38"
 
 # A stage: (initial value, partial(writer, chunk, accumulators so far) -> expr, combine).
-Stage = tuple[str, Callable[["KernelWriter", str, list], str], str]
+Stage = tuple[str, Callable[[Writer, str, list], str], str]
 
 
 def _red(fn: str) -> Callable:
     return lambda em, x, accs: f"pypto.{fn}({x}, 1, True)"
 
 
-def _sq_dev(em: "KernelWriter", x: str, accs: list) -> str:
+def _sq_dev(em: Writer, x: str, accs: list) -> str:
     d = em.tmp(f"pypto.sub({x}, {accs[-1]})")  # accs[-1]: the mean (a per-row value)
     return f"pypto.sum(pypto.mul({d}, {d}), 1, True)"
 
 
-def _exp_dev(em: "KernelWriter", x: str, accs: list) -> str:
+def _exp_dev(em: Writer, x: str, accs: list) -> str:
     return f"pypto.sum(pypto.exp(pypto.sub({x}, {accs[0]})), 1, True)"
 
 
@@ -78,7 +75,7 @@ def dims(kshape: tuple[int, ...], spans_cols: bool) -> tuple:
 class ColumnPasses:
     """Emits a dynamic-columns tile's ops as passes over column chunks of ``tc``."""
 
-    def __init__(self, writer: "KernelWriter", tc: int):
+    def __init__(self, writer: Writer, tc: int):
         self.w, self.tc = writer, int(tc)
         self.loops = 0
         self.lazy_inputs: dict[str, KernelParam] = {}  # column-spanning inputs, loaded per chunk

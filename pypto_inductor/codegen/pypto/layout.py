@@ -16,8 +16,8 @@ shapes, epilogue operands padded with leading 1s.
 
 A layout is dynamic when its rows and/or columns are size expressions: values
 that span dynamic rows are loaded and stored one row tile at a time
-(:mod:`.pypto_rows`), values that span dynamic columns one column chunk at a
-time, reductions over them accumulated (:mod:`.pypto_columns`). A matmul's K
+(:mod:`.rows`), values that span dynamic columns one column chunk at a
+time, reductions over them accumulated (:mod:`.columns`). A matmul's K
 and N must be static, as must every size of a batched matmul tile and of a
 reduction over leading dims; those cases raise :class:`PyptoEmitError` saying
 "... not supported yet".
@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir import FusionTile, OpKind, TileGraph
-from .pypto_kernel import PyptoEmitError, prod, same_size, symbolic
+from ...ir import FusionTile, OpKind, TileGraph
+from ...sizes import is_symbolic as symbolic
+from ...sizes import numel, same_size
+from .kernel import PyptoEmitError
 
 
 class TileLayout:
@@ -83,7 +85,7 @@ class TileLayout:
             return red.op
         # pointwise and matmul tiles: the largest value (the epilogue's shape for a matmul)
         shapes = [tuple(op.out.shape) for op in tile.ops]
-        self.sym_domain = max(shapes, key=lambda s: (prod(self.hint(s)), len(s)))
+        self.sym_domain = max(shapes, key=lambda s: (int(numel(self.hint(s))), len(s)))
         return (self.matmul or tile.ops[0]).op
 
     def _split(self, what: str) -> None:
@@ -100,7 +102,7 @@ class TileLayout:
             raise PyptoEmitError(what, f"reduction over dims {list(a)} of {list(d)} "
                                  "is neither leading nor trailing")
         self.split = split
-        self.rows, self.cols = prod(d[:split]), prod(d[split:])
+        self.rows, self.cols = int(numel(d[:split])), int(numel(d[split:]))
         rows_expr = sympy.Mul(*self.sym_domain[:split]) if split else sympy.Integer(1)
         cols_expr = sympy.Mul(*self.sym_domain[split:]) if split < n else sympy.Integer(1)
         self.rows_sym, self.cols_sym = rows_expr, cols_expr
@@ -113,7 +115,7 @@ class TileLayout:
         if self.reduce_dim == 0 and (symbolic(rows_expr) or symbolic(cols_expr)):
             raise PyptoEmitError(what, f"a reduction over a leading extent ({rows_expr}) with "
                                  "dynamic sizes is not supported yet")
-        if symbolic(cols_expr):  # columns in chunks, reductions accumulated (pypto_columns)
+        if symbolic(cols_expr):  # columns in chunks, reductions accumulated (columns.py)
             self.cols_dynamic, self.cols_expr = True, cols_expr
         if symbolic(rows_expr):
             self.dynamic, self.rows_expr = True, rows_expr

@@ -5,7 +5,7 @@ form), or ``torch.addmm`` / ``baddbmm`` when its first epilogue op is a bias add
 (:func:`ir.gemm_bias_add`: BLAS adds it while writing the result). The rest of
 the elementwise epilogue the planner fused with it (activation, residual, cast,
 scale, ...) becomes one C++ pointwise kernel built with the ordinary pointwise
-machinery (:func:`cpp.analyse`), with the GEMM result as its first input. A tile
+machinery (:func:`.analysis.analyse`), with the GEMM result as its first input. A tile
 with no other epilogue op makes no native kernel.
 
 Reshapes (``view``) inside the epilogue are resolved before analysis: every
@@ -13,48 +13,33 @@ epilogue op has the matmul's element count (planner legality), so all of them
 are rewritten onto one domain ``T`` (the last op's shape). Contiguous values
 (the matmul result, tile inputs of an op's full shape) are reshaped to ``T`` in
 the wrapper; broadcast inputs keep the trailing dims the op's shape shares with
-``T``. Anything else raises :class:`cpp.NotNative` and the tile runs the
+``T``. Anything else raises :class:`.program.NotNative` and the tile runs the
 reference executor.
 """
 from __future__ import annotations
 
 import dataclasses
 
-import sympy
 import torch
 
-from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, gemm_bias_add
-from . import host_alloc
-from .sizes import size_function
+from ...ir import FusionTile, OpKind, TensorSpec, TileGraph, gemm_bias_add
+from ...sizes import contiguous_strides as _contiguous
+from ...sizes import numel as _numel
+from ...sizes import same_shape as _same_shape
+from ...sizes import same_size as _same
+from ...sizes import size_function
+from .. import Kernel
+from . import alloc
+from .program import NotNative
 
 MM = "pi_mm"  # the epilogue program's name for the matmul result
 
 
-def _contiguous(shape) -> tuple:
-    stride, acc = [], sympy.Integer(1)
-    for s in reversed(shape):
-        stride.append(acc)
-        acc = acc * s
-    return tuple(reversed(stride))
-
-
-def _numel(shape):
-    return sympy.Mul(*shape) if shape else sympy.Integer(1)
-
-
-def _same(a, b) -> bool:
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
-def _same_shape(a, b) -> bool:
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-
-
-def _plan(tile: FusionTile, graph: TileGraph):
-    """(matmul op, its bias input or None, epilogue FusionTile or None, the epilogue's graph,
-    input sources, output getters)."""
-    from .cpp_analysis import NotNative
-
+def plan(tile: FusionTile, graph: TileGraph):
+    """The tile's matmul, its bias input or None, the epilogue FusionTile (None if there is
+    none) and its graph, the epilogue's input sources and the output getters; raises
+    NotNative. The epilogue's kernel is built apart (so a graph's epilogues compile with
+    its other tiles) and passed to :func:`assemble`."""
     mms = [op for op in tile.ops if op.kind is OpKind.MATMUL]
     if len(mms) != 1 or mms[0].op != "matmul":
         raise NotNative("a matmul tile needs exactly one matmul")
@@ -164,22 +149,7 @@ def _plan(tile: FusionTile, graph: TileGraph):
     return mm, bias, sub, sub_graph, [(a, sources[a]) for a in used], getters
 
 
-def build(tile: FusionTile, graph: TileGraph, native_builder):
-    """kernel(inputs, syms) -> outputs; ``native_builder(sub_tile, sub_graph)`` builds the
-    epilogue's native kernel (raising cpp.NotNative when it is outside the slice)."""
-    planned = plan(tile, graph)
-    _, _, sub, sub_graph, _, _ = planned
-    return assemble(tile, graph, planned, None if sub is None else native_builder(sub, sub_graph))
-
-
-def plan(tile: FusionTile, graph: TileGraph):
-    """The tile's matmul, epilogue tile (None if there is none) and its graph, and how to feed
-    it and read the outputs; raises cpp.NotNative. The epilogue's kernel is built apart (so a
-    graph's epilogues compile with its other tiles) and passed to :func:`assemble`."""
-    return _plan(tile, graph)
-
-
-def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
+def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) -> Kernel:
     """The tile's kernel from :func:`plan`'s result and the epilogue's native kernel."""
     mm, bias, sub, sub_graph, srcs, getters = planned
     symbols = graph.symbols
@@ -208,8 +178,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
             r = product(inputs)
             return [r if f is None else r.reshape(f(syms)) for _, _, f in outs_spec]
 
-        kernel.native, kernel.reason, kernel.program = True, None, None
-        return kernel
+        return Kernel(kernel, native=True)
     feeds = []  # (slot or -1 for the matmul result, reshape fn or None)
     for _, (src, shape) in srcs:
         feeds.append((-1 if src == "mm" else slot[src],
@@ -222,7 +191,9 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
         if kind != "mm":
             final.setdefault(idx, f)
 
-    def kernel(inputs: list, syms: tuple, empty=host_alloc.empty) -> list:
+    epilogue = epi.fn
+
+    def kernel(inputs: list, syms: tuple, empty=alloc.empty) -> list:
         r = product(inputs)
         vals = []
         for i, f in feeds:
@@ -230,12 +201,12 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
             vals.append(t if f is None else t.reshape(f(syms)))
         buffers = []
 
-        def alloc(shape, dtype):
+        def allocate(shape, dtype):
             f = final.get(len(buffers))
             buffers.append(empty(shape if f is None else f(syms), dtype))
             return buffers[-1] if f is None else buffers[-1].view(shape)
 
-        res = epi(vals, syms, alloc)
+        res = epilogue(vals, syms, allocate)
         out = []
         for kind, idx, f in outs_spec:
             if kind != "mm" and f is final[idx]:
@@ -245,7 +216,5 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi):
                 out.append(t if f is None else t.reshape(f(syms)))
         return out
 
-    kernel.native, kernel.reason = True, None
-    kernel.takes_allocator = True  # for the epilogue's outputs
-    kernel.program = getattr(epi, "program", None)
-    return kernel
+    # takes the runtime's allocator for the epilogue's outputs
+    return Kernel(kernel, native=True, takes_allocator=True, program=epi.program)

@@ -19,7 +19,7 @@ stat report and pypto's Perfetto trace (``pto_ir_path`` and
 ``perfetto_trace_path`` point there; open the trace in https://ui.perfetto.dev).
 
 A FusionTile with ops that have no pypto form is split at them
-(:func:`.pypto_emit.split_tile`): its parts are simulated as pypto kernels, the
+(:func:`.emit.split_tile`): its parts are simulated as pypto kernels, the
 split ops (extern on the NPU too) are named in ``split_ops``.
 """
 from __future__ import annotations
@@ -40,12 +40,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..config import cache_dir
-from ..ir import FusionTile, TileGraph
-from .pypto_emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_tile
+from ...config import cache_dir
+from ...hardware import usable_cpus
+from ...ir import FusionTile, TileGraph
+from .emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_tile
 
 __all__ = ["SimResult", "TileSimulation", "pypto_available", "simulate_kernels",
-           "simulate_tile", "simulate_plan", "parse_total_cycles"]
+           "simulate_tile", "simulate_plan", "parse_total_cycles", "emit_variants"]
 
 _WORKER_VERSION = "2"  # 2: keeps the Perfetto trace
 _TOTAL_CYCLES = re.compile(r"Total Cycles\.*:\s*(\d+)")
@@ -90,66 +91,6 @@ class SimResult:
 
 
 # --- the worker --------------------------------------------------------------------------
-_WORKER = r'''
-import glob, io, json, os, re, sys, traceback
-job = json.load(open(sys.argv[1]))
-results = open(sys.argv[2], "a", buffering=1)
-import importlib.util
-import torch
-import pypto
-# The NPU target's launcher, loaded by path: the package's __init__ (Dynamo and
-# all) is not needed here.
-_spec = importlib.util.spec_from_file_location("_pypto_inductor_npu", sys.argv[3])
-npu = importlib.util.module_from_spec(_spec)
-sys.modules["_pypto_inductor_npu"] = npu
-_spec.loader.exec_module(npu)
-base = os.getcwd()
-for item in job:
-    kernel = item["kernel"]
-    work = os.path.join(base, item["dir"])
-    os.makedirs(work, exist_ok=True)
-    results.write(json.dumps({"index": item["index"], "started": True}) + "\n")
-    log_path = os.path.join(work, "sim.log")
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    saved = os.dup(1), os.dup(2)
-    sys.stdout.flush(); sys.stderr.flush()
-    os.dup2(log, 1); os.dup2(log, 2)
-    out = {"index": item["index"]}
-    try:
-        os.chdir(work)
-        launcher = npu.PyptoLauncher.load(kernel, work)
-        launcher(launcher.example_inputs())
-    except BaseException as e:
-        text = "".join(traceback.format_exception_only(type(e), e))
-        lines = [l for l in text.splitlines()
-                 if l.strip() and not re.search(r"\+0x[0-9a-f]+\)", l)]
-        out["error"] = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines[:8]))[:1500]
-    finally:
-        sys.stdout.flush(); sys.stderr.flush()
-        os.dup2(saved[0], 1); os.dup2(saved[1], 2)
-        os.close(log)
-        os.chdir(base)
-    reports = sorted(glob.glob(os.path.join(work, "output", "output_*", "CostModelSimulationOutput",
-                                            "_simulate.stat.report.txt")))
-    if reports:
-        out["report"] = reports[-1]
-        program = os.path.join(os.path.dirname(os.path.dirname(reports[-1])), "program.json")
-        if os.path.exists(program):
-            out["program"] = program
-        # pypto 0.2.0 spells it "_simulate.pefetto.trace.json"; accept the fixed spelling too
-        traces = sorted(glob.glob(os.path.join(os.path.dirname(reports[-1]), "*p*fetto*.json")))
-        if traces:
-            out["trace"] = traces[-1]
-    out["log"] = log_path
-    results.write(json.dumps(out) + "\n")
-    if "error" in out:
-        # pypto keeps parser state after a failed kernel ("function nested is not
-        # allowed" for the next one): leave, and let a fresh worker take the rest.
-        results.close()
-        os._exit(3)
-'''
-
-
 def _worker_env(tmp: Path) -> dict:
     shim = tmp / "bin"
     shim.mkdir(exist_ok=True)
@@ -179,12 +120,12 @@ def _run_worker(tmp: Path, items: list[dict], timeout: float) -> tuple[dict[int,
     """Run one worker over ``items``; (results by index, started indices, failure text)."""
     job, res = tmp / f"job_{items[0]['index']}.json", tmp / f"results_{items[0]['index']}.jsonl"
     job.write_text(json.dumps(items))
-    worker = tmp / "_pypto_sim_worker.py"
+    worker = Path(__file__).with_name("sim_worker.py")
     log = tmp / f"worker_{items[0]['index']}.log"
     failure = ""
     with open(log, "wb") as out:
-        npu_path = Path(__file__).with_name("npu.py")
-        proc = subprocess.Popen([sys.executable, str(worker), str(job), str(res), str(npu_path)],
+        launcher = Path(__file__).with_name("launcher.py")
+        proc = subprocess.Popen([sys.executable, str(worker), str(job), str(res), str(launcher)],
                                 cwd=tmp,
                                 env=_worker_env(tmp), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -283,8 +224,7 @@ def _default_workers() -> int:
     env = os.environ.get("PYPTO_INDUCTOR_SIM_WORKERS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(2, cpus or 1))
+    return min(2, usable_cpus())
 
 
 def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOUT_S,
@@ -321,7 +261,6 @@ def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOU
     except OSError as e:
         return [r or SimResult(k.name, error=f"no temporary directory: {e}")
                 for r, k in zip(results, kernels)]
-    (tmp / "_pypto_sim_worker.py").write_text(_WORKER)
 
     def run_chunk(items: list[dict]) -> None:
         try:
@@ -411,7 +350,7 @@ class TileSimulation:
         }
 
 
-def _emit_all(tile: FusionTile, graph: TileGraph, hw, buffering: int):
+def emit_variants(tile: FusionTile, graph: TileGraph, hw, buffering: int):
     """(fused kernel or None, [(op name, kernel or None)], errors)."""
     errors = []
     try:
@@ -443,7 +382,7 @@ def _emit_singles(tile: FusionTile, graph: TileGraph, hw, buffering: int, skip: 
 
 
 def _emit_split(tile: FusionTile, graph: TileGraph, hw, buffering: int):
-    """Like :func:`_emit_all`, splitting a tile at ops with no pypto form.
+    """Like :func:`emit_variants`, splitting a tile at ops with no pypto form.
 
     (fused kernels [(part, kernel)], the split (or None), [(op name, kernel or None)],
     errors): one fused kernel, or one per part of a split tile; the unfused kernels

@@ -1,4 +1,4 @@
-"""FusionTile -> kernel program for the native CPU target (what :mod:`.cpp_emit` writes).
+"""FusionTile -> kernel program (:class:`.program.Program`) for the native CPU target.
 
 :func:`analyse` turns a tile into a :class:`Program`: loads, ops and reductions,
 each at row or column level, or raises :class:`NotNative` naming what is
@@ -11,101 +11,25 @@ reads contiguously or broadcast). Input sizes and strides are kernel arguments,
 so dynamic sizes never recompile. Reshapes inside a tile keep the flat
 (row, column) order of every value: each input is read in its own *frame*
 (:class:`Access`), with the row index decomposed over the frame's leading dims.
+Reductions over other dims than the innermost ones are analysed in
+:mod:`.reduction`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import sympy
 import torch
 
-from ..ir import FusionTile, OpKind, TileGraph, TileOp
-from .sizes import is_symbolic
-
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-DTYPES = FLOATS + INTS + (torch.bool,)
-SYMBOL = "pi_kernel"
-
-
-class NotNative(Exception):
-    """This tile is outside the native slice; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Lit:
-    """A scalar operand: a Python number or a sympy size expression."""
-
-    value: Any
-
-
-@dataclasses.dataclass(eq=False)
-class Node:
-    id: int
-    kind: str  # "load", "op" (a tile op), "expr" (internal float math), "reduce"
-    level: str  # "row" (once per row) or "col" (per element)
-    args: list  # Node | Lit
-    dtype: torch.dtype | None  # the value's dtype (results are rounded to it); None = fp32 math
-    attrs: dict
-    shape: tuple | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Access:
-    """How an input is indexed: ``dims[e]`` is the input dim read for frame dim e (or None,
-    or (input dim, stride multiplier) for the outer part of a split dim).
-
-    ``frame`` is the shape the input is read in: the shape of the op it broadcasts
-    into, or its own shape when the tile reshapes it (``view``). Every frame has the
-    domain's element order and ends with the domain's column dims (the last
-    ``Program.m``), so only the row index is decomposed per frame (over its leading
-    dims); per-row reads have ``None`` over the column dims.
-    """
-
-    input: int
-    dims: tuple
-    col: bool  # read per element (else once per row)
-    frame: tuple = ()
-    offset: Any = None  # a cat part's read: its first column in the cat (read at c - offset)
-    row_shift: tuple = ()  # a row cat's part: (frame dim, first index there), read clamped
-
-
-@dataclasses.dataclass
-class Program:
-    shape: tuple  # domain D (sympy)
-    m: int  # number of trailing column dims
-    reduction: bool
-    nodes: list
-    accesses: list
-    input_specs: list
-    outputs: list  # (Node, spec)
-    fast: list  # per access: "unit", "bcast" or "strided" (expected column layout)
-    symbols: list
-    cat_bounds: list = dataclasses.field(default_factory=list)  # column cats: part ends
-    # a column reduction: the domain is the tile's with its reduced dims (not the last)
-    # moved last, so rows are the kept dims; the kernel walks memory rows and keeps one
-    # accumulator per kept element (cpp_emit_columns)
-    transposed: bool = False
-
-
-def _compute_dtype(dt):
-    return torch.float32 if dt in FLOATS else dt
-
-
-def _same(a, b) -> bool:
-    """Two sizes (ints or sympy expressions) are equal."""
-    if a == b:
-        return True
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
-def _same_shape(a, b) -> bool:
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-
-
-def _numel(shape):
-    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+from ...fusion.capacity import group_domain
+from ...ir import FusionTile, OpKind, TileGraph, TileOp
+from ...sizes import is_symbolic
+from ...sizes import numel as _numel
+from ...sizes import same_shape as _same_shape
+from ...sizes import same_size as _same
+from .ops import OPS
+from .program import DTYPES, Access, Lit, Node, NotNative, Program
+from .reduction import ReductionAnalysis
 
 
 def _dim_mult(entry) -> tuple:
@@ -140,7 +64,7 @@ def _unit_dims_map(shape, vshape, vdims):
     return tuple(out) if k == len(big) else None
 
 
-class _Analyser:
+class _Analyser(ReductionAnalysis):
     def __init__(self, tile: FusionTile, graph: TileGraph):
         self.tile, self.graph = tile, graph
         self.nodes: list[Node] = []
@@ -354,8 +278,6 @@ class _Analyser:
 
     # --- the tile -------------------------------------------------------------------
     def run(self) -> Program:
-        from ..fusion.capacity import group_domain
-
         tile, graph = self.tile, self.graph
         if tile.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST,
                              OpKind.REDUCTION):
@@ -411,69 +333,6 @@ class _Analyser:
                        [graph.specs[i] for i in tile.inputs], outputs,
                        [self.classify(a, along) for a in self.access_list], graph.symbols,
                        list(self.cat_bounds or []), self.perm is not None)
-
-    # --- column reductions ---------------------------------------------------------------
-    def transpose(self, tile: FusionTile, axes: tuple) -> None:
-        """Analyse a reduction over dims that are not the innermost in the domain with those
-        dims moved last: it is then a row reduction whose rows are the kept dims (every
-        shape goes through :meth:`tshape`, every input read through :meth:`align`)."""
-        n = len(self.D)
-        if n - 1 in axes:
-            raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
-                            "only the innermost ones")
-        if any(op.op in ("view", "cat", "full") for op in tile.ops):
-            raise NotNative("a column reduction with views or cats inside is not native yet")
-        self.D0, self.axes = self.D, axes
-        self.kept = tuple(d for d in range(n) if d not in axes)
-        self.perm = self.kept + axes
-        self.D = self.tshape(self.D0)
-
-    def align(self, shape) -> list:
-        """For each dim of the tile's domain (its own order), the dim of ``shape`` there, or
-        None. A full-rank shape is the domain's; a lower-rank one is aligned right, as
-        broadcasting does, either into the domain or into the kept dims (a reduction
-        without keepdim drops the reduced ones, wherever they are); if both fit and
-        disagree the tile is not native."""
-        shape, n = tuple(shape), len(self.D0)
-        if len(shape) > n:
-            raise NotNative(f"a value of shape {list(shape)} has more dims than the tile")
-
-        def into(dims):
-            if len(shape) > len(dims):
-                return None
-            at = dims[len(dims) - len(shape):]
-            if not all(_same(s, 1) or _same(s, self.D0[d]) for s, d in zip(shape, at)):
-                return None
-            out = [None] * n
-            for i, d in enumerate(at):
-                out[d] = i
-            return out
-
-        full, kept = into(tuple(range(n))), into(self.kept)
-
-        def reads(m):  # where the non-1 dims land
-            return {d: i for d, i in enumerate(m) if i is not None and not _same(shape[i], 1)}
-
-        if full is not None and kept is not None and reads(full) != reads(kept):
-            raise NotNative(f"a value of shape {list(shape)} may broadcast over the tile "
-                            f"{list(self.D0)} or hold its reduction: ambiguous")
-        if full is None and kept is None:
-            raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
-                            f"{list(self.D0)}")
-        return full if full is not None else kept
-
-    def tshape(self, shape, reduced: bool = False) -> tuple:
-        """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
-        ``reduced``: the shape of a reduction's result, with or without keepdim."""
-        if self.perm is None:
-            return tuple(shape)
-        if reduced and len(shape) == len(self.kept):
-            at = [None] * len(self.D0)
-            for i, d in enumerate(self.kept):
-                at[d] = i
-        else:
-            at = self.align(shape)
-        return tuple(1 if at[p] is None else shape[at[p]] for p in self.perm)
 
     # --- cat along the columns --------------------------------------------------------
     def cat_part_ops(self) -> set:
@@ -596,8 +455,6 @@ class _Analyser:
             return self.lower_reduction(op, ctx)
         if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):
             raise NotNative(f"{op.op} ({op.kind.value}) is not native yet")
-        from .cpp_emit import OPS
-
         if op.op not in OPS:
             raise NotNative(f"tile op {op.op} is not native yet")
         if op.op == "div" and op.attrs.get("rounding_mode"):
@@ -638,77 +495,6 @@ class _Analyser:
         if common not in DTYPES:
             raise NotNative(f"computing {op.op} in {common} is not native")
         return common
-
-    def lower_reduction(self, op: TileOp, ctx: str) -> Node:
-        name = op.op
-        dims = tuple(op.attrs.get("dims", ()))
-        src = op.args[0]
-        shape = tuple(self.graph.specs[src].shape) if isinstance(src, str) else ()
-        reduced = self.axes if self.perm is not None else \
-            tuple(range(len(shape) - self.m, len(shape)))
-        if dims != reduced or (self.perm is not None and len(shape) != len(self.D)):
-            raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
-        shape = self.tshape(shape)
-        sctx = self.context(shape)
-        if sctx[0] != "col":
-            raise NotNative(f"{name} input shape differs from the tile domain")
-        if len(sctx[2]) != len(shape):
-            raise NotNative(f"{name} reduces a different last dim than the tile")
-        x = self.operand(src, sctx)
-        out = op.out.dtype
-        level = "col" if name in ("softmax", "log_softmax") else "row"
-        # reduced dims all of size 1 (a keepdim output then has the domain's shape): a
-        # per-row value is per-element as well
-        unit = all(_same(d, 1) for d in self.D[len(self.D) - self.m:])
-        if (level == "col") != (ctx[0] == "col") and not (level == "row" and unit):
-            raise NotNative(f"{name} output shape does not fit the tile domain")
-        if name in ("argmax", "argmin"):
-            # pass 1: the extreme (NaN if any); pass 2: the first column holding it
-            if x.dtype not in FLOATS or out != torch.int64 or (level == "col"):
-                raise NotNative(f"{name} of {x.dtype} is not native yet")
-            ext = self.reduce("max" if name == "argmax" else "min", x, torch.float32)
-            hit = self.node("expr", "col", [x, ext], torch.int64,
-                            fmt="(({0} == {1} || {0} != {0}) ? (int64_t)c : INT64_MAX)")
-            return self.round(self.reduce("min", hit, torch.int64), out, op)
-        if out not in FLOATS and name not in ("sum", "amax", "amin"):
-            raise NotNative(f"{name} in {out} is not native yet")
-        if name == "sum":
-            acc = _compute_dtype(out)
-            x = self.node("op", "col", [x], acc, self.D, op="copy", common=acc) \
-                if acc != x.dtype else x
-            return self.round(self.reduce("sum", x, acc), out, op)
-        if name in ("amax", "amin"):
-            return self.round(self.reduce(name[1:], x, _compute_dtype(x.dtype)), out, op)
-        if name == "mean":
-            return self.round(self.expr("row", "({0} / (float)C)", self.reduce("sum", x)), out, op)
-        if name in ("var", "std"):
-            mean = self.expr("row", "({0} / (float)C)", self.reduce("sum", x))
-            dev = self.expr("col", "({0} - {1})", x, mean)
-            ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
-            corr = float(op.attrs.get("correction", 1.0))
-            fmt = f"({{0}} / (float)std::max<double>((double)C - {corr!r}, 0.0))"
-            v = self.expr("row", fmt, ss)
-            return self.round(self.expr("row", "std::sqrt({0})", v) if name == "std" else v,
-                              out, op)
-        if name in ("softmax", "log_softmax", "logsumexp"):
-            mx = self.reduce("max", x)
-            if name == "logsumexp":
-                safe = self.expr("row", "(std::isinf({0}) ? 0.0f : {0})", mx)
-                s = self.reduce("sum", self.expr("col", "pi_exp({0} - {1})", x, safe))
-                return self.round(self.expr("row", "(std::log({0}) + {1})", s, safe), out, op)
-            shifted = self.expr("col", "({0} - {1})", x, mx)
-            e = self.expr("col", "pi_exp({0})", shifted)
-            s = self.reduce("sum", e)
-            if name == "softmax":
-                return self.round(self.expr("col", "({0} / {1})", e, s), out, op)
-            logs = self.expr("row", "std::log({0})", s)
-            return self.round(self.expr("col", "({0} - {1})", shifted, logs), out, op)
-        raise NotNative(f"reduction {name} is not native yet")
-
-    def round(self, v: Node, dtype, op: TileOp) -> Node:
-        """The value as the op's result: rounded to its dtype."""
-        return self.node("op", v.level, [v], dtype, self.tshape(op.out.shape, True), op="copy",
-                         common=v.dtype or torch.float32)
 
 
 def analyse(tile: FusionTile, graph: TileGraph) -> Program:

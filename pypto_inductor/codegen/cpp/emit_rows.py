@@ -1,4 +1,4 @@
-"""C++ source for one analysed FusionTile (a :class:`cpp_analysis.Program`).
+"""C++ source for one analysed FusionTile (a :class:`.program.Program`).
 
 The function is ``extern "C" void pi_kernel(void* const* ptrs, const int64_t*
 meta, const int64_t* syms, int nt)``: ``ptrs`` holds the inputs then the
@@ -11,223 +11,22 @@ is emitted beside a generic strided path.
 """
 from __future__ import annotations
 
-import math
-
 import sympy
-import torch
-from torch.utils._sympy.printers import CppPrinter
 
-from .cpp_prelude import PRELUDE
-from .sizes import is_symbolic
-
-_PRINTER = CppPrinter()
+from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, identity, load,
+                  size, store)
+from .prelude import PRELUDE
+from .program import NotNative
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
-REDUCTION_LANES = 4  # independent accumulators per sum over a row (_Emitter.interleaved)
+REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.interleaved)
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
-# reads. Attention's K^T copy ([4,4,64,128] from a [4,128,768] slice): 109 us unblocked,
-# 97 us at 16x64, 64-74 us at 64x32 (eager's contiguous(): 109-111 us).
+# reads (the block shape measured on attention's K^T copy: docs/benchmarks.md).
 BLOCK_ROWS, BLOCK_COLS = 64, 32
 
-STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "uint16_t",
-           torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
-           torch.int8: "int8_t", torch.uint8: "uint8_t",
-           torch.bool: "uint8_t"}  # bool loads as bytes: GCC vectorises `b != 0`, not `bool`
-
-
-def ctype(dt) -> str:
-    if dt is None or dt.is_floating_point:
-        return "float"
-    return "bool" if dt == torch.bool else "int64_t"
-
-
-def finalize(e: str, dt) -> str:
-    """An expression rounded to dtype ``dt`` (kept in its compute type)."""
-    if dt is None or dt == torch.float32:
-        return f"(float)({e})"
-    if dt == torch.float16:
-        return f"rnd_f16((float)({e}))"
-    if dt == torch.bfloat16:
-        return f"rnd_bf16((float)({e}))"
-    if dt == torch.bool:
-        return f"(bool)({e})"
-    return f"(int64_t)({STORAGE[dt]})({e})"
-
-
-def conv(e: str, src, dst) -> str:
-    src, dst = src or torch.float32, dst or torch.float32
-    if src == dst or (dst == torch.float32 and src.is_floating_point):
-        return e
-    return finalize(e, dst)
-
-
-def load(e: str, dt) -> str:
-    if dt == torch.float16:
-        return f"ld_f16({e})"
-    if dt == torch.bfloat16:
-        return f"ld_bf16({e})"
-    if dt == torch.bool:
-        return f"({e} != 0)"
-    return e if dt == torch.float32 else f"(int64_t){e}"
-
-
-def store(e: str, dt) -> str:
-    if dt == torch.float16:
-        return f"st_f16({e})"
-    if dt == torch.bfloat16:
-        return f"st_bf16({e})"
-    return e if dt == torch.float32 else f"({STORAGE[dt]})({e})"
-
-
-def size(expr) -> str:
-    return f"((int64_t)({_PRINTER.doprint(sympy.sympify(expr))}))"
-
-
-def literal(v, dt) -> str:
-    ct = ctype(dt)
-    if is_symbolic(v) or isinstance(v, sympy.Basic):
-        return f"(({ct})({_PRINTER.doprint(v)}))"
-    if isinstance(v, bool):
-        text = "true" if v else "false"
-    elif isinstance(v, int):
-        text = f"{v}LL"
-    elif math.isnan(v):
-        text = "NAN"
-    elif math.isinf(v):
-        text = "INFINITY" if v > 0 else "-INFINITY"
-    else:
-        text = repr(float(v))
-    return f"(({ct})({text}))" if ct != "bool" else f"((bool)({text}))"
-
-
-def _pow(a, n):
-    x, y = a
-    e = n.args[1]
-    scalar = n.args[1].value if not hasattr(e, "id") else None
-    if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
-        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
-                   -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
-                   -2: f"(1.0f / ({x} * {x}))", 0: "1"}
-        if scalar in special:
-            return special[scalar]
-    return f"std::pow({x}, {y})"
-
-
-def _clamp(a, n):
-    x = a[0]
-    lo, hi = n.attrs.get("min"), n.attrs.get("max")
-    if lo is not None:
-        x = f"pi_max_nf({x}, {literal(lo, n.attrs['common'])})"
-    if hi is not None:
-        x = f"pi_min_nf({x}, {literal(hi, n.attrs['common'])})"
-    return x
-
-
-def _f(fn):
-    return lambda a, n: f"{fn}({a[0]})"
-
-
-OPS = {
-    "add": lambda a, n: f"({a[0]} + {a[1]})", "sub": lambda a, n: f"({a[0]} - {a[1]})",
-    "mul": lambda a, n: f"({a[0]} * {a[1]})", "div": lambda a, n: f"({a[0]} / {a[1]})",
-    "neg": lambda a, n: f"(-{a[0]})", "copy": lambda a, n: a[0], "cast": lambda a, n: a[0],
-    "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),
-    "exp": _f("pi_exp"), "log": _f("std::log"), "sqrt": _f("std::sqrt"),
-    "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
-    "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
-    "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
-    "gelu": lambda a, n: (f"pi_gelu_tanh({a[0]})" if n.attrs.get("approximate") == "tanh"
-                          else f"pi_gelu({a[0]})"),
-    "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
-    "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
-    "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
-    "tan": _f("std::tan"), "floor": _f("std::floor"), "ceil": _f("std::ceil"),
-    "trunc": _f("std::trunc"), "round": _f("std::nearbyint"),
-    "reciprocal": lambda a, n: f"(1.0f / {a[0]})",
-    "abs": lambda a, n: (f"std::fabs({a[0]})" if ctype(n.attrs["common"]) == "float"
-                         else f"pi_abs({a[0]})"),
-    "sign": _f("pi_sign"),
-    "maximum": lambda a, n: f"pi_max({a[0]}, {a[1]})",
-    "minimum": lambda a, n: f"pi_min({a[0]}, {a[1]})",
-    "pow": _pow, "clamp": _clamp,
-    "eq": lambda a, n: f"({a[0]} == {a[1]})", "ne": lambda a, n: f"({a[0]} != {a[1]})",
-    "lt": lambda a, n: f"({a[0]} < {a[1]})", "le": lambda a, n: f"({a[0]} <= {a[1]})",
-    "gt": lambda a, n: f"({a[0]} > {a[1]})", "ge": lambda a, n: f"({a[0]} >= {a[1]})",
-    "where": lambda a, n: f"({a[0]} ? {a[1]} : {a[2]})",
-    "logical_not": lambda a, n: f"(!{a[0]})",
-    "logical_and": lambda a, n: f"({a[0]} && {a[1]})",
-    "logical_or": lambda a, n: f"({a[0]} || {a[1]})",
-    "logical_xor": lambda a, n: f"({a[0]} != {a[1]})",
-    "isnan": lambda a, n: f"({a[0]} != {a[0]})",
-    "bitwise_and": lambda a, n: f"({a[0]} & {a[1]})",
-    "bitwise_or": lambda a, n: f"({a[0]} | {a[1]})",
-    "bitwise_xor": lambda a, n: f"({a[0]} ^ {a[1]})",
-    "bitwise_not": lambda a, n: (f"(!{a[0]})" if n.attrs["common"] == torch.bool
-                                 else f"(~{a[0]})"),
-    "leaky_relu": lambda a, n: f"({a[0]} > 0 ? {a[0]} : {a[0]} * "
-                               f"{literal(n.attrs['negative_slope'], n.attrs['common'])})",
-}
-_FLOAT_ONLY = set(OPS) - {"add", "sub", "mul", "neg", "copy", "cast", "full", "abs", "sign",
-                          "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
-                          "logical_not", "logical_and", "logical_or", "logical_xor", "relu",
-                          "clamp", "pow", "isnan", "bitwise_and", "bitwise_or", "bitwise_xor",
-                          "bitwise_not"}
-
-_EXTRA_PRELUDE = r"""
-template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
-template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return x > (T)b ? (T)b : x; }
-"""
-
-
-class NotEmittable(Exception):
-    pass
-
-
-def _expr(n, var) -> str:
-    """The right-hand side computing node n (not reduce/load)."""
-    if n.kind == "expr":
-        args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
-        return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
-    common = n.attrs["common"]
-    if n.attrs["op"] in _FLOAT_ONLY and ctype(common) != "float":
-        raise NotEmittable(f"{n.attrs['op']} on {common}")
-    args = []
-    for i, a in enumerate(n.args):
-        if hasattr(a, "id"):
-            dst = torch.bool if (n.attrs["op"] == "where" and i == 0) else common
-            args.append(conv(var(a), a.dtype, dst))
-        elif common in (torch.float16, torch.bfloat16) and n.attrs["op"] not in ("mul", "div"):
-            args.append(finalize(literal(a.value, common), common))  # as eager rounds it
-        else:
-            args.append(literal(a.value, common))
-    if n.attrs["op"] == "cast":
-        args = [conv(var(n.args[0]), n.args[0].dtype, n.dtype)]
-    return finalize(OPS[n.attrs["op"]](args, n), n.dtype)
-
-
-def _init(x) -> str:
-    """A reduction's identity."""
-    flt = ctype(x.dtype) == "float"
-    return {"sum": "0", "max": "-INFINITY" if flt else "INT64_MIN",
-            "min": "INFINITY" if flt else "INT64_MAX"}[x.attrs["red"]]
-
-
-def emit(p) -> str:
-    from .cpp_analysis import NotNative
-
-    try:
-        if p.transposed:
-            from .cpp_emit_columns import ColumnEmitter
-
-            return ColumnEmitter(p).source()
-        return _Emitter(p).source()
-    except NotEmittable as e:
-        raise NotNative(str(e)) from e
-
-
-class _Emitter:
+class RowEmitter:
     def __init__(self, p):
         self.p = p
         self.n = len(p.shape)
@@ -263,7 +62,7 @@ class _Emitter:
         stride per frame dim (``a<k>_<d>``)."""
         p, n = self.p, self.n
         w = self.w
-        w(PRELUDE + _EXTRA_PRELUDE)
+        w(PRELUDE + EXTRA_PRELUDE)
         w('extern "C" void pi_kernel(void* const* ptrs, const int64_t* meta, '
           'const int64_t* syms, int nt) {')
         for i, s in enumerate(p.symbols):
@@ -378,7 +177,7 @@ class _Emitter:
 
     # --- frames ---------------------------------------------------------------------
     def frame_rows(self, k: int) -> tuple:
-        """The leading (row) dims of access k's frame (see ``cpp_analysis.Access``)."""
+        """The leading (row) dims of access k's frame (see ``program.Access``)."""
         a = self.p.accesses[k]
         frame = tuple(a.frame) or tuple(self.p.shape)
         return frame[:len(frame) - self.p.m]
@@ -416,7 +215,7 @@ class _Emitter:
         elif x.id in self.stored:
             rhs = f"sc{x.id}[c]"
         else:
-            rhs = _expr(x, self.var)
+            rhs = expression(x, self.var)
         self.w(f"{ind}const {ctype(x.dtype)} {self.var(x)} = {rhs};")
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
@@ -458,7 +257,7 @@ class _Emitter:
         segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
         # a sum's one accumulator is a chain of dependent adds, the bound of a cheap pass:
         # split the fast path's row in REDUCTION_LANES parts, each with its own accumulators
-        # (not around math calls: softmax's exp pass, 215 -> 285 us, stopped vectorising)
+        # (not around math calls: softmax's exp pass stopped vectorising)
         lanes = REDUCTION_LANES if segs == 1 and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
@@ -504,13 +303,13 @@ class _Emitter:
 
     def interleaved(self, reductions, deps, tail, lo, hi, lanes) -> None:
         """Columns [lo, lo + lanes * cq) as ``lanes`` parts of cq columns, one loop over
-        them all: lane 0 keeps acc, lane k > 0 has acc_k. The LLaMA RMSNorm row of 256
-        floats: 17.8 -> 12.9 us for 512 rows with 4 lanes (a C harness)."""
+        them all: lane 0 keeps acc, lane k > 0 has acc_k (an RMSNorm row's sum of squares
+        runs faster: docs/benchmarks.md)."""
         suffixes = [""] + [f"_{k}" for k in range(1, lanes)]
         self.w(f"      const int64_t cq = ({hi} - {lo}) / {lanes};")
         for x in reductions:
             for sfx in suffixes[1:]:
-                self.w(f"      {ctype(x.dtype)} acc{x.id}{sfx} = {_init(x)};")
+                self.w(f"      {ctype(x.dtype)} acc{x.id}{sfx} = {identity(x)};")
                 if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                     self.w(f"      int nan{x.id}{sfx} = 0;")
         self.w(self.pragma(reductions, suffixes))
@@ -539,7 +338,7 @@ class _Emitter:
 
     def calls_math(self, x) -> bool:
         """Whether computing x calls a prelude math function (pi_exp, ...)."""
-        return x.kind in ("expr", "op") and "pi_" in _expr(x, self.var)
+        return x.kind in ("expr", "op") and "pi_" in expression(x, self.var)
 
     def cache_costly_values(self) -> None:
         """Pick the column values to keep in a per-thread row scratch: values more than one
@@ -547,7 +346,7 @@ class _Emitter:
         (``pi_exp``, ...), nearest to their uses (a later pass reads the very value an
         earlier one reduced, so argmax's equality test still holds). Softmax's
         exp(x - max) is summed in one pass and divided in the next: stored, it is
-        computed once (the masked-softmax kernel at 8x8x256x256: 5.4 -> 3.0 ms)."""
+        computed once."""
         p = self.p
         cols = sympy.Mul(*p.shape[self.outer:])
         if not p.reduction or getattr(p, "cat_bounds", None) or not self.outer \
@@ -587,7 +386,7 @@ class _Emitter:
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                     and self.stage[x.id] == stage]
             for x in reds:
-                w(f"    {ctype(x.dtype)} acc{x.id} = {_init(x)};")
+                w(f"    {ctype(x.dtype)} acc{x.id} = {identity(x)};")
                 if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                     w(f"    int nan{x.id} = 0;")
 

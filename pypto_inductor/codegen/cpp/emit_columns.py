@@ -1,4 +1,4 @@
-"""C++ source for a column reduction (a :class:`cpp_analysis.Program` with ``transposed``).
+"""C++ source for a column reduction (a :class:`.program.Program` with ``transposed``).
 
 A reduction over dims other than the innermost, the last dim kept (a bias
 gradient: ``grad.sum([0, 1])``; pooling: ``x.mean(1)``), is analysed as a row
@@ -17,13 +17,14 @@ generic strided one.
 """
 from __future__ import annotations
 
-from .cpp_emit import PARALLEL_MIN, _Emitter, _expr, _init, conv, ctype, load, store
+from .emit_rows import PARALLEL_MIN, RowEmitter
+from .ops import conv, ctype, expression, identity, load, store
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
 
 
-class ColumnEmitter(_Emitter):
+class ColumnEmitter(RowEmitter):
     def source(self) -> str:
         p, w = self.p, self.w
         last = self.outer - 1  # the last kept dim: blocks run along it
@@ -38,9 +39,9 @@ class ColumnEmitter(_Emitter):
         splittable = self.passes == 1 and all(self.stage[x.id] == 0 for _, x, _ in outs)
         # Blocks of whole memory rows (up to ROWS_PER_BLOCK) read memory in long runs: a
         # block split between the threads reads each row in parts, a page apart, and the
-        # prefetcher starts over on every one (8192x1024 sum(0): 1.8 ms on 2 threads, as
-        # on one). So too few blocks for the threads split the columns (partial sums), or
-        # when there is more than one pass, the blocks.
+        # prefetcher starts over on every one (two threads then run as slowly as one:
+        # docs/benchmarks.md). So too few blocks for the threads split the columns (partial
+        # sums), or when there is more than one pass, the blocks.
         w("  const int64_t K = D{0}, Ro = K > 0 ? R / K : 0;".format(last))
         w(f"  int64_t NB = std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1)), S = 1;")
         w("  if (nt > 1 && Ro * ((K + NB - 1) / NB) < nt) {")
@@ -132,7 +133,7 @@ class ColumnEmitter(_Emitter):
             idx = f"b{k} + {f'o{k} + ' if a.col else ''}{self.along(k, path)}"
             rhs = load(f"in{a.input}[{idx}]", self.p.input_specs[a.input].dtype)
         else:
-            rhs = _expr(x, self.var)
+            rhs = expression(x, self.var)
         self.w(f"{ind}const {ctype(x.dtype)} v{x.id} = {rhs};" if col else
                f"{ind}{self.var(x)} = {rhs};")
 
@@ -171,7 +172,7 @@ class ColumnEmitter(_Emitter):
     def init(self, reds) -> None:
         for x in reds:
             self.declare(x)
-            self.block_loop([f"acc{x.id}[j] = {_init(x)};"] +
+            self.block_loop([f"acc{x.id}[j] = {identity(x)};"] +
                             ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
 
     def update(self, x, v: str, nan: str) -> list[str]:

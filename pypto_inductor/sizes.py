@@ -1,8 +1,12 @@
-"""Size expressions evaluated at run time without sympy.
+"""Sizes: the one definition of each small size helper, and size functions.
 
-At compile time each sympy expression is printed once as Python source and
-compiled into a function of the graph's size symbols; at run time only that
-plain Python function runs.
+Shapes, strides and sizes are sympy expressions over the graph's size symbols
+(ints where static). :func:`same_size`, :func:`numel` and
+:func:`contiguous_strides` are the compile-time helpers every pass shares.
+
+Size expressions evaluated at run time never run sympy: at compile time each one
+is printed once as Python source and compiled into a function of the graph's size
+symbols (:func:`size_function`); at run time only that plain Python function runs.
 """
 from __future__ import annotations
 
@@ -17,7 +21,35 @@ _PRINTER = PythonPrinter()
 
 
 def is_symbolic(x: Any) -> bool:
+    """Whether ``x`` is a sympy expression rather than a number (a size known only at run
+    time)."""
     return isinstance(x, sympy.Basic) and not isinstance(x, sympy.Number)
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Whether two sizes (ints or sympy expressions) are equal for every value of their
+    symbols."""
+    if a == b:
+        return True
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
+
+
+def numel(shape) -> sympy.Expr:
+    """The element count of a shape of sizes (1 for ``()``)."""
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def contiguous_strides(shape) -> tuple[sympy.Expr, ...]:
+    """The row-major strides of a shape of sizes."""
+    strides, acc = [], sympy.Integer(1)
+    for size in reversed(shape):
+        strides.append(acc)
+        acc = acc * size
+    return tuple(reversed(strides))
 
 
 def _to_python(x: Any) -> Any:

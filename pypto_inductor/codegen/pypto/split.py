@@ -4,7 +4,7 @@
 kernel in the simulator's unfused variant). :func:`split_tile` splits a
 FusionTile at its ops with no pypto form into pypto sub-tiles (by data
 dependence) with those ops run eagerly between them; the simulator
-(``split_ops`` in the report) and the NPU target (``npu.build_split``) run the
+(``split_ops`` in the report) and the NPU target (:func:`.build_split`) run the
 resulting :class:`TileSplit` step by step.
 """
 from __future__ import annotations
@@ -14,10 +14,12 @@ from typing import Any
 
 import sympy
 
-from ..ir import FusionTile, OpKind, TileGraph, TileOp
-from .pypto_kernel import PyptoEmitError
-from .pypto_ops import OPS
-from .pypto_writer import emit_tile
+from ...fusion.capacity import plan_tile
+from ...fusion.planner import compute_dtype
+from ...ir import FusionTile, OpKind, TileGraph, TileOp
+from .kernel import PyptoEmitError
+from .ops import OPS
+from .writer import emit_tile
 
 
 def single_op_tile(op: TileOp, graph: TileGraph, tile_shape: tuple[int, ...],
@@ -31,14 +33,10 @@ def single_op_tile(op: TileOp, graph: TileGraph, tile_shape: tuple[int, ...],
     shape, footprint, capacity = tuple(tile_shape), 0, 0
     if hw is not None:
         try:
-            from ..fusion.capacity import plan_tile
-
             tp = plan_tile([op], graph, hw, buffering)
             shape, footprint, capacity = tuple(tp.tile_shape), tp.footprint_bytes, tp.capacity_bytes
         except Exception:  # noqa: BLE001 - the fused tile's shape is a fine fallback
             pass
-    from ..fusion.planner import compute_dtype
-
     return FusionTile(name=f"{op.name}_{op.op}", ops=[op], inputs=inputs, outputs=[op.name],
                       dtype=compute_dtype([op], graph), tile_shape=shape,
                       footprint_expr=sympy.Integer(footprint), footprint_bytes=footprint,

@@ -3,12 +3,12 @@
 :class:`KernelWriter` walks a tile once: it declares a parameter per tile input
 and output (kernel shapes from :class:`.TileLayout`), casts floating inputs to
 the compute dtype on load, emits each op through the op table of
-:mod:`.pypto_ops` (``x * rsqrt(mean(x^2) + eps)`` becomes one ``pypto.rms_norm``),
+:mod:`.ops` (``x * rsqrt(mean(x^2) + eps)`` becomes one ``pypto.rms_norm``),
 casts each output back on store, and assembles the module: docstring,
-``import pypto``, ``RUN_MODE``, the tiling calls of :mod:`.pypto_tiling` and the
+``import pypto``, ``RUN_MODE``, the tiling calls of :mod:`.tiling` and the
 ``@pypto.frontend.jit`` function. A tile with dynamic rows runs its body in the
-row loop of :mod:`.pypto_rows`; one with dynamic columns (or reduced length)
-runs its ops as the column passes of :mod:`.pypto_columns`.
+row loop of :mod:`.rows`; one with dynamic columns (or reduced length)
+runs its ops as the column passes of :mod:`.columns`.
 
 Compute dtype: fp32, or fp16 when the tile computes in fp16 (dtype_policy
 "strict"); bf16 inputs are always upcast (pypto's vector unit has no bf16
@@ -23,24 +23,25 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import FusionTile, TensorSpec, TileGraph, TileOp
-from .pypto_columns import DIM as COLUMN_DIM
-from .pypto_columns import ColumnPasses
-from .pypto_columns import dims as column_dims
-from .pypto_kernel import (PYPTO_DTYPES, KernelParam, PyptoEmitError, PyptoKernel, ident,
+from ...hardware import HardwareModel, ascend_a2
+from ...ir import FusionTile, TensorSpec, TileGraph, TileOp
+from .columns import DIM as COLUMN_DIM
+from .columns import ColumnPasses
+from .columns import dims as column_dims
+from .kernel import (PYPTO_DTYPES, KernelParam, PyptoEmitError, PyptoKernel, ident,
                            kernel_name, literal)
-from .pypto_layout import TileLayout
-from .pypto_ops import OPS, tensor_operands
-from .pypto_rows import DIM as ROW_DIM
-from .pypto_rows import RowLoop, view
-from .pypto_tiling import cube_tile, vec_tile
+from .layout import TileLayout
+from .ops import OPS, tensor_operands
+from .rows import DIM as ROW_DIM
+from .rows import RowLoop, view
+from .tiling import cube_tile, vec_tile
 
 
 class KernelWriter:
     """Writes one FusionTile's kernel; the op handlers call its helpers."""
 
-    def __init__(self, tile: FusionTile, graph: TileGraph):
-        self.tile, self.graph = tile, graph
+    def __init__(self, tile: FusionTile, graph: TileGraph, hw: HardwareModel):
+        self.tile, self.graph, self.hw = tile, graph, hw
         self.layout = TileLayout(tile, graph)
         self.lines: list[str] = []
         self.env: dict[str, str] = {}  # value -> identifier in the kernel
@@ -55,7 +56,7 @@ class KernelWriter:
             raise PyptoEmitError(tile.ops[0].op, "float64 (pypto has no fp64 arithmetic)")
         strict_half = tile.dtype == "float16"
         self.compute = torch.float16 if strict_half else torch.float32
-        self.vec = vec_tile(self.layout, tuple(tile.tile_shape))
+        self.vec = vec_tile(self.layout, tuple(tile.tile_shape), hw)
         self.loop = None  # dynamic rows: the loop over row tiles
         self.columns = None  # dynamic columns: passes over column chunks
         if self.layout.dynamic:
@@ -236,7 +237,7 @@ class KernelWriter:
         m = self.vec[0] if self.loop else a_shape[-2]
         k = a_shape[-1]
         n = self.layout.domain[-1]
-        return cube_tile(tuple(self.tile.tile_shape), m, n, k, a.itemsize)
+        return cube_tile(tuple(self.tile.tile_shape), m, n, k, a.itemsize, self.hw)
 
     def _module(self, name: str, run_mode: str, params: list[KernelParam],
                 body: list[str]) -> str:
@@ -312,10 +313,14 @@ def match_rms_norm(tile: FusionTile, em: KernelWriter) -> tuple[dict[str, tuple[
     return found, skipped
 
 
-def emit_tile(tile: FusionTile, graph: TileGraph, run_mode: str = "SIM") -> PyptoKernel:
-    """The pypto kernel module of one FusionTile; raises PyptoEmitError naming the op."""
+def emit_tile(tile: FusionTile, graph: TileGraph, run_mode: str = "SIM",
+              hw: HardwareModel | None = None) -> PyptoKernel:
+    """The pypto kernel module of one FusionTile; raises PyptoEmitError naming the op.
+
+    ``hw``: the device's hardware model for the tiling (default: Ascend A2, the device
+    pypto 0.2.0 compiles for)."""
     if run_mode not in ("SIM", "NPU"):
         raise ValueError(f"run_mode must be 'SIM' or 'NPU', got {run_mode!r}")
     if not tile.ops:
         raise PyptoEmitError(tile.name, "an empty FusionTile")
-    return KernelWriter(tile, graph).write(kernel_name(tile.name), run_mode)
+    return KernelWriter(tile, graph, hw or ascend_a2()).write(kernel_name(tile.name), run_mode)

@@ -1,7 +1,7 @@
 """The op table of the pypto emitter: one pypto form per canonical tile op.
 
-Each handler takes the :class:`~.pypto_writer.KernelWriter` and a
-:class:`TileOp`, appends the pypto statements computing the op to the kernel
+Each handler takes the kernel writer (:class:`Writer`: what
+:class:`.writer.KernelWriter` offers the handlers) and a :class:`TileOp`, appends the pypto statements computing the op to the kernel
 body, and returns (identifier of the result, its dtype in the kernel).
 Handlers register into :data:`OPS` with ``@register``: unary and binary
 arithmetic, comparisons, where, clamp, activations (built from pypto primitives
@@ -12,18 +12,54 @@ dtype and to shapes pypto broadcasts.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-from ..ir import TileOp
-from .pypto_kernel import PyptoEmitError, literal, prod
+from ...ir import FusionTile, TensorSpec, TileGraph, TileOp
+from ...sizes import numel
+from .kernel import KernelParam, PyptoEmitError, literal
+from .layout import TileLayout
 
-if TYPE_CHECKING:
-    from .pypto_writer import KernelWriter
+
+class Writer(Protocol):
+    """What the op handlers and the column passes use of the kernel writer
+    (:class:`.writer.KernelWriter`)."""
+
+    tile: FusionTile
+    graph: TileGraph
+    layout: TileLayout
+    compute: torch.dtype  # the tile's compute dtype for floats
+    env: dict[str, str]  # value -> identifier in the kernel
+    dtype: dict[str, torch.dtype]  # value -> dtype in the kernel
+    shape: dict[str, tuple[int, ...]]  # value -> kernel shape
+    lines: list[str]  # the kernel body so far
+
+    def tmp(self, expr: str, hint: str = "t") -> str:
+        """Append ``<new name> = expr``; returns the name."""
+
+    def arg(self, a: Any, op: TileOp) -> str:
+        """An operand as a kernel expression."""
+
+    def is_tensor(self, a: Any) -> bool: ...
+
+    def dt(self, torch_dtype: torch.dtype) -> str:
+        """The pypto dtype expression of a torch dtype."""
+
+    def kernel_dtype(self, spec: TensorSpec) -> torch.dtype: ...
+
+    def hint(self, spec: TensorSpec) -> tuple[int, ...]: ...
+
+    def load_input(self, value: str, p: KernelParam, col: tuple[str, str] | None = None) -> str:
+        ...
+
+    def store_expr(self, p: KernelParam, expr: str) -> str: ...
+
+    def loop_store(self, expr: str, out: str, col: str | None = None) -> str: ...
+
 
 # op name -> handler: (writer, op) -> (identifier of the result, its dtype in the kernel).
-Handler = Callable[["KernelWriter", TileOp], tuple[str, torch.dtype]]
+Handler = Callable[[Writer, TileOp], tuple[str, torch.dtype]]
 OPS: dict[str, Handler] = {}
 
 
@@ -40,7 +76,7 @@ def supported_ops() -> list[str]:
     return sorted(OPS)
 
 
-def tensor_operands(em: KernelWriter, op: TileOp) -> list[str]:
+def tensor_operands(em: Writer, op: TileOp) -> list[str]:
     """Operands as kernel expressions; floating tensors brought to the compute dtype.
 
     pypto broadcasts one axis at a time: a (1, 1) operand of an op whose result is
@@ -66,7 +102,7 @@ def tensor_operands(em: KernelWriter, op: TileOp) -> list[str]:
     return out
 
 
-def _float_out(em: KernelWriter, op: TileOp) -> torch.dtype:
+def _float_out(em: Writer, op: TileOp) -> torch.dtype:
     return em.kernel_dtype(op.out)
 
 
@@ -78,7 +114,7 @@ _UNARY_DIRECT = {
 }
 
 
-def _unary(em: KernelWriter, op: TileOp):
+def _unary(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return em.tmp(f"pypto.{_UNARY_DIRECT[op.op]}({x})"), _float_out(em, op)
 
@@ -87,13 +123,13 @@ register(*_UNARY_DIRECT)(_unary)
 
 
 @register("copy")
-def _copy(em: KernelWriter, op: TileOp):
+def _copy(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return em.tmp(f"pypto.clone({x})"), em.dtype.get(op.args[0], _float_out(em, op))
 
 
 def _commutative(fn: str):
-    def emit(em: KernelWriter, op: TileOp):
+    def emit(em: Writer, op: TileOp):
         a, b = tensor_operands(em, op)
         if not em.is_tensor(op.args[0]):
             a, b = b, a
@@ -108,7 +144,7 @@ register("minimum", "fmin")(_commutative("minimum"))
 
 
 @register("sub")
-def _sub(em: KernelWriter, op: TileOp):
+def _sub(em: Writer, op: TileOp):
     a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):  # c - x = (-x) + c
         return em.tmp(f"pypto.add(pypto.neg({b}), {a})"), _float_out(em, op)
@@ -116,7 +152,7 @@ def _sub(em: KernelWriter, op: TileOp):
 
 
 @register("div")
-def _div(em: KernelWriter, op: TileOp):
+def _div(em: Writer, op: TileOp):
     a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):  # c / x = reciprocal(x) * c
         r = em.tmp(f"pypto.mul(pypto.reciprocal({b}), {a})")
@@ -133,7 +169,7 @@ def _div(em: KernelWriter, op: TileOp):
 
 
 @register("pow")
-def _pow(em: KernelWriter, op: TileOp):
+def _pow(em: Writer, op: TileOp):
     a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):
         raise PyptoEmitError("pow", "a scalar base")
@@ -146,7 +182,7 @@ def _pow(em: KernelWriter, op: TileOp):
 
 
 def _compare(fn: str, swapped: str):
-    def emit(em: KernelWriter, op: TileOp):
+    def emit(em: Writer, op: TileOp):
         a, b = tensor_operands(em, op)
         if not em.is_tensor(op.args[0]):
             a, b, name = b, a, swapped
@@ -161,13 +197,13 @@ for _fn, _sw in (("eq", "eq"), ("ne", "ne"), ("lt", "gt"), ("le", "ge"), ("gt", 
 
 
 @register("logical_not")
-def _logical_not(em: KernelWriter, op: TileOp):
+def _logical_not(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return em.tmp(f"pypto.logical_not({x})"), torch.bool
 
 
 @register("logical_and")
-def _logical_and(em: KernelWriter, op: TileOp):
+def _logical_and(em: Writer, op: TileOp):
     a, b = tensor_operands(em, op)
     if not (em.is_tensor(op.args[0]) and em.is_tensor(op.args[1])):
         raise PyptoEmitError("logical_and", "a scalar operand")
@@ -175,7 +211,7 @@ def _logical_and(em: KernelWriter, op: TileOp):
 
 
 @register("where")
-def _where(em: KernelWriter, op: TileOp):
+def _where(em: Writer, op: TileOp):
     c, a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):
         raise PyptoEmitError("where", "a scalar condition")
@@ -183,7 +219,7 @@ def _where(em: KernelWriter, op: TileOp):
 
 
 @register("clamp")
-def _clamp(em: KernelWriter, op: TileOp):
+def _clamp(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     lo, hi = op.attrs.get("min"), op.attrs.get("max")
     r = x
@@ -197,27 +233,27 @@ def _clamp(em: KernelWriter, op: TileOp):
 
 
 @register("exp2")
-def _exp2(em: KernelWriter, op: TileOp):  # pypto's exp2 has no cost in the simulator's ISA
+def _exp2(em: Writer, op: TileOp):  # pypto's exp2 has no cost in the simulator's ISA
     (x,) = tensor_operands(em, op)
     return em.tmp(f"pypto.exp(pypto.mul({x}, {math.log(2.0)!r}))"), _float_out(em, op)
 
 
 @register("leaky_relu")
-def _leaky_relu(em: KernelWriter, op: TileOp):  # pypto.lrelu has no cost in the simulator's ISA
+def _leaky_relu(em: Writer, op: TileOp):  # pypto.lrelu has no cost in the simulator's ISA
     (x,) = tensor_operands(em, op)
     slope = literal(float(op.attrs["negative_slope"]))
     return em.tmp(f"pypto.where(pypto.gt({x}, 0.0), {x}, pypto.mul({x}, {slope}))"), \
         _float_out(em, op)
 
 
-def _tanh_of(em: KernelWriter, x: str) -> str:
+def _tanh_of(em: Writer, x: str) -> str:
     """tanh(x) = 1 - 2 / (exp(2x) + 1)."""
     e = em.tmp(f"pypto.exp(pypto.mul({x}, 2.0))")
     r = em.tmp(f"pypto.reciprocal(pypto.add({e}, 1.0))")
     return em.tmp(f"pypto.add(pypto.mul({r}, -2.0), 1.0)")
 
 
-def _erf_of(em: KernelWriter, x: str) -> str:
+def _erf_of(em: Writer, x: str) -> str:
     """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
     ax = em.tmp(f"pypto.abs({x})")
     t = em.tmp(f"pypto.reciprocal(pypto.add(pypto.mul({ax}, 0.3275911), 1.0))")
@@ -231,25 +267,25 @@ def _erf_of(em: KernelWriter, x: str) -> str:
 
 
 @register("tanh")
-def _tanh(em: KernelWriter, op: TileOp):
+def _tanh(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return _tanh_of(em, x), _float_out(em, op)
 
 
 @register("erf")
-def _erf(em: KernelWriter, op: TileOp):
+def _erf(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return _erf_of(em, x), _float_out(em, op)
 
 
 @register("silu")
-def _silu(em: KernelWriter, op: TileOp):
+def _silu(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return em.tmp(f"pypto.mul({x}, pypto.sigmoid({x}))"), _float_out(em, op)
 
 
 @register("gelu")
-def _gelu(em: KernelWriter, op: TileOp):
+def _gelu(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     if op.attrs.get("approximate", "none") == "tanh":
         x3 = em.tmp(f"pypto.mul(pypto.mul({x}, {x}), {x})")
@@ -262,41 +298,41 @@ def _gelu(em: KernelWriter, op: TileOp):
 
 
 @register("hardsigmoid")
-def _hardsigmoid(em: KernelWriter, op: TileOp):
+def _hardsigmoid(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     y = em.tmp(f"pypto.add(pypto.mul({x}, {1.0 / 6.0!r}), 0.5)")
     return em.tmp(f"pypto.minimum(pypto.maximum({y}, 0.0), 1.0)"), _float_out(em, op)
 
 
 @register("hardswish")
-def _hardswish(em: KernelWriter, op: TileOp):
+def _hardswish(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     y = em.tmp(f"pypto.minimum(pypto.maximum(pypto.add({x}, 3.0), 0.0), 6.0)")
     return em.tmp(f"pypto.mul(pypto.mul({x}, {y}), {1.0 / 6.0!r})"), _float_out(em, op)
 
 
-def _softplus_of(em: KernelWriter, x: str, beta: float, threshold: float) -> str:
+def _softplus_of(em: Writer, x: str, beta: float, threshold: float) -> str:
     bx = em.tmp(f"pypto.mul({x}, {beta!r})")
     sp = em.tmp(f"pypto.mul(pypto.log1p(pypto.exp({bx})), {1.0 / beta!r})")
     return em.tmp(f"pypto.where(pypto.gt({bx}, {threshold!r}), {x}, {sp})")
 
 
 @register("softplus")
-def _softplus(em: KernelWriter, op: TileOp):
+def _softplus(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     return _softplus_of(em, x, float(op.attrs["beta"]), float(op.attrs["threshold"])), \
         _float_out(em, op)
 
 
 @register("mish")
-def _mish(em: KernelWriter, op: TileOp):
+def _mish(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     th = _tanh_of(em, _softplus_of(em, x, 1.0, 20.0))
     return em.tmp(f"pypto.mul({x}, {th})"), _float_out(em, op)
 
 
 @register("elu")
-def _elu(em: KernelWriter, op: TileOp):
+def _elu(em: Writer, op: TileOp):
     (x,) = tensor_operands(em, op)
     alpha, scale = float(op.attrs["alpha"]), float(op.attrs["scale"])
     input_scale = float(op.attrs["input_scale"])
@@ -306,7 +342,7 @@ def _elu(em: KernelWriter, op: TileOp):
 
 
 @register("view", "expand", "permute", "slice", "select")
-def _layout(em: KernelWriter, op: TileOp):
+def _layout(em: Writer, op: TileOp):
     """A view inside a tile is free when both sides have the same kernel layout."""
     src = op.args[0]
     out_shape = em.hint(op.out)
@@ -316,7 +352,7 @@ def _layout(em: KernelWriter, op: TileOp):
         same = em.layout.classify(op.out.shape, op.name) == em.shape[src]
     except PyptoEmitError:
         same = False
-    if op.op in ("slice", "select", "permute") and prod(out_shape) != prod(em.shape[src]):
+    if op.op in ("slice", "select", "permute") and numel(out_shape) != numel(em.shape[src]):
         same = False
     if op.op == "permute":  # only moves of size-1 dims keep the element order
         dims = [d for d in op.attrs.get("dims", ()) if em.graph.hint(op.out.shape[list(
@@ -329,7 +365,7 @@ def _layout(em: KernelWriter, op: TileOp):
 
 
 @register("cast")
-def _cast(em: KernelWriter, op: TileOp):
+def _cast(em: Writer, op: TileOp):
     (x,) = [em.arg(a, op) for a in op.args]
     target = op.attrs["dtype"]
     if target.is_floating_point:  # floats live in the compute dtype inside the kernel
@@ -340,7 +376,7 @@ def _cast(em: KernelWriter, op: TileOp):
 
 
 @register("full")
-def _full(em: KernelWriter, op: TileOp):
+def _full(em: Writer, op: TileOp):
     shape = em.layout.body_shape(*em.layout.place(op.out.shape, op.name))
     kdt = em.kernel_dtype(op.out)
     if kdt == torch.bool:  # pypto 0.2.0's codegen: "unsupported type, dstDtypeStr: bool"
@@ -351,7 +387,7 @@ def _full(em: KernelWriter, op: TileOp):
 
 
 # reductions: always over the kernel's reduce dim, keepdim in the kernel -------------------
-def check_reduction(em: KernelWriter, op: TileOp) -> None:
+def check_reduction(em: Writer, op: TileOp) -> None:
     """A reduction must reduce the tile's domain over the tile's reduced axes."""
     layout = em.layout
     symbolic_shapes = layout.dynamic or layout.cols_dynamic
@@ -365,7 +401,7 @@ def check_reduction(em: KernelWriter, op: TileOp) -> None:
                              f"{list(shape)} differs from the tile's domain")
 
 
-def _reduce_setup(em: KernelWriter, op: TileOp) -> tuple[str, int, int]:
+def _reduce_setup(em: Writer, op: TileOp) -> tuple[str, int, int]:
     layout = em.layout
     check_reduction(em, op)
     (x,) = tensor_operands(em, op)
@@ -375,7 +411,7 @@ def _reduce_setup(em: KernelWriter, op: TileOp) -> tuple[str, int, int]:
 
 
 def _reduction(fn: str):
-    def emit(em: KernelWriter, op: TileOp):
+    def emit(em: Writer, op: TileOp):
         x, dim, _ = _reduce_setup(em, op)
         return em.tmp(f"pypto.{fn}({x}, {dim}, True)"), _float_out(em, op)
     return emit
@@ -388,17 +424,17 @@ register("amin")(_reduction("amin"))
 # ("No pipe type corresponding to opcode"), so a prod splits its FusionTile.
 
 
-def _mean_of(em: KernelWriter, x: str, dim: int, n: int) -> str:
+def _mean_of(em: Writer, x: str, dim: int, n: int) -> str:
     return em.tmp(f"pypto.mul(pypto.sum({x}, {dim}, True), {1.0 / n!r})")
 
 
 @register("mean")
-def _mean(em: KernelWriter, op: TileOp):
+def _mean(em: Writer, op: TileOp):
     x, dim, n = _reduce_setup(em, op)
     return _mean_of(em, x, dim, n), _float_out(em, op)
 
 
-def _var_of(em: KernelWriter, op: TileOp) -> str:
+def _var_of(em: Writer, op: TileOp) -> str:
     x, dim, n = _reduce_setup(em, op)
     mean = _mean_of(em, x, dim, n)
     dx = em.tmp(f"pypto.sub({x}, {mean})")
@@ -408,17 +444,17 @@ def _var_of(em: KernelWriter, op: TileOp) -> str:
 
 
 @register("var")
-def _var(em: KernelWriter, op: TileOp):
+def _var(em: Writer, op: TileOp):
     return _var_of(em, op), _float_out(em, op)
 
 
 @register("std")
-def _std(em: KernelWriter, op: TileOp):
+def _std(em: Writer, op: TileOp):
     return em.tmp(f"pypto.sqrt({_var_of(em, op)})"), _float_out(em, op)
 
 
 @register("logsumexp")
-def _logsumexp(em: KernelWriter, op: TileOp):
+def _logsumexp(em: Writer, op: TileOp):
     x, dim, _ = _reduce_setup(em, op)
     mx = em.tmp(f"pypto.amax({x}, {dim}, True)")
     s = em.tmp(f"pypto.sum(pypto.exp(pypto.sub({x}, {mx})), {dim}, True)")
@@ -426,13 +462,13 @@ def _logsumexp(em: KernelWriter, op: TileOp):
 
 
 @register("softmax")
-def _softmax(em: KernelWriter, op: TileOp):
+def _softmax(em: Writer, op: TileOp):
     x, dim, _ = _reduce_setup(em, op)
     return em.tmp(f"pypto.softmax({x}, {dim})"), _float_out(em, op)
 
 
 @register("log_softmax")
-def _log_softmax(em: KernelWriter, op: TileOp):
+def _log_softmax(em: Writer, op: TileOp):
     x, dim, _ = _reduce_setup(em, op)
     mx = em.tmp(f"pypto.amax({x}, {dim}, True)")
     s = em.tmp(f"pypto.sub({x}, {mx})")
@@ -441,7 +477,7 @@ def _log_softmax(em: KernelWriter, op: TileOp):
 
 
 @register("matmul")
-def _matmul(em: KernelWriter, op: TileOp):
+def _matmul(em: Writer, op: TileOp):
     a, b = (em.env[x] for x in op.args[:2])
     da, db = em.dtype[op.args[0]], em.dtype[op.args[1]]
     if da != db or not da.is_floating_point:

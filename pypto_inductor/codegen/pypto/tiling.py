@@ -2,7 +2,8 @@
 
 The planner picks a tile shape per FusionTile against its hardware model
 (``fusion/capacity.py``); here that shape becomes pypto's tiling, clamped to the
-kernel's domain and shrunk to what pypto 0.2.0 and the A2 model accept:
+kernel's domain and shrunk to what pypto 0.2.0 and the device's hardware model
+(``hw``, Ascend A2: :func:`hardware.ascend_a2`) accept:
 
 - vector tiles: (rows, cols) of the 2-D layout (leading 1s for a batched
   matmul tile); a dynamic tile's rows (columns) are the planner's row tile
@@ -13,10 +14,11 @@ kernel's domain and shrunk to what pypto 0.2.0 and the A2 model accept:
 """
 from __future__ import annotations
 
-from .pypto_layout import TileLayout
+from ...hardware import HardwareModel
+from .layout import TileLayout
 
 
-def vec_tile(layout: TileLayout, tile_shape: tuple[int, ...]) -> tuple[int, ...]:
+def vec_tile(layout: TileLayout, tile_shape: tuple[int, ...], hw: HardwareModel) -> tuple[int, ...]:
     """pypto vector tile shape from the planner's (rows, cols), clamped to the domain."""
     if layout.matmul is not None:
         tm, tn = tile_shape[0], tile_shape[1]
@@ -33,9 +35,9 @@ def vec_tile(layout: TileLayout, tile_shape: tuple[int, ...]) -> tuple[int, ...]
     t_rows = max(1, t_rows if layout.dynamic else min(t_rows, layout.rows))
     # Dynamic columns: the planner's column chunk, likewise.
     t_cols = max(1, t_cols if layout.cols_dynamic else min(t_cols, layout.cols))
-    # pypto 0.2.0 fails to place a vector tile beyond a third of UB (measured: 64x256
-    # fp32 compiles, 128x256 does not); shrink rows, then columns.
-    budget = ub_bytes() // 3
+    # pypto 0.2.0 fails to place a vector tile beyond a third of UB (64x256 fp32 compiles,
+    # 128x256 does not); shrink rows, then columns.
+    budget = int(hw.vector_capacity_bytes) // 3
     while t_rows * t_cols * 4 > budget and (t_rows > 1 or t_cols > 8):
         if t_rows > 1:
             t_rows = (t_rows + 1) // 2
@@ -46,22 +48,14 @@ def vec_tile(layout: TileLayout, tile_shape: tuple[int, ...]) -> tuple[int, ...]
     return (t_rows, t_cols)
 
 
-def ub_bytes() -> int:
-    from ..hardware import ascend_a2
-
-    return int(ascend_a2().vector_capacity_bytes)
-
-
-def cube_tile(tile_shape: tuple[int, ...], m: int, n: int, k: int,
-              itemsize: int) -> tuple[tuple[int, int], ...]:
+def cube_tile(tile_shape: tuple[int, ...], m: int, n: int, k: int, itemsize: int,
+              hw: HardwareModel) -> tuple[tuple[int, int], ...]:
     """pypto cube tiles ([L0, L1] per m, k, n) from the planner's (tm, tn, tk).
 
     Rounded to the cube unit's 16x16 fractals and shrunk until the double-buffered
-    L0A (tm x tk), L0B (tk x tn) and L0C (tm x tn fp32) tiles fit the A2 model.
+    L0A (tm x tk), L0B (tk x tn) and L0C (tm x tn fp32) tiles fit the model ``hw``.
     """
-    from ..hardware import ascend_a2
-
-    details = dict(ascend_a2().details)
+    details = dict(hw.details)
     l0a, l0b, l0c = (int(details.get(key, default)) for key, default in
                      (("l0a_bytes", 65536), ("l0b_bytes", 65536), ("l0c_bytes", 131072)))
 

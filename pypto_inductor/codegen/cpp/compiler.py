@@ -26,10 +26,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .. import config
+from ... import config
+from ...hardware import usable_cpus
 
 # -O2 with O3's vectoriser cost model: the kernels' hot loops are `omp simd`, and against -O3
-# it measured 24% less compile time at equal kernel time (docs/ARCHITECTURE.md, Codegen).
+# it compiles faster at equal kernel time (docs/benchmarks.md).
 BASE_FLAGS = ("-O2", "-fvect-cost-model=dynamic", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
               "-fno-math-errno", "-fno-trapping-math", "-w")
 NATIVE_FLAGS = ("-march=native",)
@@ -38,8 +39,8 @@ COMPILE_TIMEOUT_S = 300
 # Counters, for tests and reports: compiles run, disk hits, memory hits, rebuilt entries.
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0}
 
-_loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this process
-_lock = threading.Lock()  # guards stats and _loaded across load_many's threads
+loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this process
+_lock = threading.Lock()  # guards stats and loaded across load_many's threads
 _compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
 
 
@@ -122,7 +123,7 @@ def cache_key(source: str, compiler, extra_flags=()) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _checksum(path: Path) -> str:
+def checksum(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -130,7 +131,7 @@ def _try_load(so: Path, symbols) -> ctypes.CDLL | None:
     """The library if it exists, matches its checksum, loads and has all ``symbols``."""
     side = so.with_suffix(".sha256")
     try:
-        if not so.exists() or not side.exists() or side.read_text().strip() != _checksum(so):
+        if not so.exists() or not side.exists() or side.read_text().strip() != checksum(so):
             return None
         lib = ctypes.CDLL(str(so))
         for symbol in symbols:
@@ -145,7 +146,7 @@ def _count(name: str) -> None:
         stats[name] += 1
 
 
-def _compile(source: str, compiler, out: Path, extra_flags=()) -> None:
+def compile_library(source: str, compiler, out: Path, extra_flags=()) -> None:
     path, _, flags = compiler
     flags = (*flags, *extra_flags)
     src = out.with_suffix(".cpp")
@@ -160,7 +161,7 @@ def _compile(source: str, compiler, out: Path, extra_flags=()) -> None:
             raise CompileError(f"{Path(path).name} failed on {src}: {err[:2000]}")
         _count("compiles")
         side_tmp = tmp + ".sha256"
-        Path(side_tmp).write_text(_checksum(Path(tmp)))
+        Path(side_tmp).write_text(checksum(Path(tmp)))
         os.replace(tmp, out)
         os.replace(side_tmp, out.with_suffix(".sha256"))
     finally:
@@ -181,7 +182,7 @@ def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
     if compiler is None:
         raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++)")
     key = cache_key(source, compiler, flags)
-    lib = _loaded.get(key)
+    lib = loaded.get(key)
     if lib is not None:
         _count("memory_hits")
         return lib
@@ -194,7 +195,7 @@ def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
             if lib is None:
                 if so.exists():
                     _count("rebuilt")
-                _compile(source, compiler, so, flags)
+                compile_library(source, compiler, so, flags)
                 lib = _try_load(so, symbols)
                 if lib is None:
                     raise CompileError(f"compiled {so} but it does not load")
@@ -203,7 +204,7 @@ def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
     else:
         _count("disk_hits")
     with _lock:
-        _loaded[key] = lib
+        loaded[key] = lib
     return lib
 
 
@@ -213,10 +214,7 @@ def jobs() -> int:
     env = os.environ.get("PYPTO_INDUCTOR_COMPILE_JOBS", "")
     if env.strip().isdigit() and int(env) > 0:
         return int(env)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 def load_many(libraries) -> list:

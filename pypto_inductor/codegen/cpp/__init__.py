@@ -1,0 +1,198 @@
+"""The native CPU target: each FusionTile becomes one C++ function.
+
+``build(tile, graph)`` analyses the tile into a kernel program
+(:mod:`.analysis`, :mod:`.program`), writes C++ for it (:mod:`.emit_rows`, or
+:mod:`.emit_columns` for a column reduction; the op table and value helpers in
+:mod:`.ops`, the math in :mod:`.prelude`), compiles it through the cached
+compiler driver (:mod:`.compiler`) and returns a :class:`Kernel` calling it once
+per call (:mod:`.launcher`; through :mod:`.native_call`, else ctypes).
+``build_many(tiles, graph)`` does the same for all tiles of a graph, compiling
+their functions together as a few shared libraries built concurrently (what the
+runtime uses). Matmul tiles keep the GEMM on torch's BLAS and run their
+elementwise epilogue as one native pass (:mod:`.matmul`). Tiles outside the
+native slice (float64, a reshape the analysis cannot follow, ...) run the
+reference executor for that tile, without a warning; the kernel's
+``native``/``reason`` say so. Large outputs are allocated with huge pages
+advised (:mod:`.alloc`). :mod:`.calibrate` holds the kernels the host
+calibration times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Callable
+
+from ...ir import FusionTile, OpKind, TileGraph
+from .. import Kernel, reference
+from . import compiler, matmul
+from .analysis import analyse
+from .emit_columns import ColumnEmitter
+from .emit_rows import RowEmitter
+from .launcher import native_kernel
+from .ops import NotEmittable
+from .program import SYMBOL, NotNative, Program
+
+__all__ = ["build", "build_many", "check_available", "analyse", "generate_source", "NotNative",
+           "Program", "SYMBOL"]
+
+# --- build ----------------------------------------------------------------------------
+warned_no_compiler = False  # the missing compiler is reported once per process
+
+
+def check_available() -> None:
+    """The cpu target runs anywhere: without a C++ compiler, its tiles run the reference
+    executor (with one warning)."""
+
+
+def _reference(tile: FusionTile, graph: TileGraph, reason: str) -> Kernel:
+    return dataclasses.replace(reference.build(tile, graph), native=False, reason=reason)
+
+
+def generate_source(program: Program) -> str:
+    """The C++ source of a kernel program (rows, or a column reduction's blocks)."""
+    try:
+        if program.transposed:
+            return ColumnEmitter(program).source()
+        return RowEmitter(program).source()
+    except NotEmittable as e:
+        raise NotNative(str(e)) from e
+
+
+def build(tile: FusionTile, graph: TileGraph) -> Kernel:
+    """The tile's kernel: native C++ when the tile is in the slice."""
+    prepared = _prepare(tile, graph)
+    if not isinstance(prepared, Pending):
+        return prepared
+    if not _have_compiler():
+        return _reference(tile, graph, "no C++ compiler")
+    fn = compiler.load(prepared.source, SYMBOL)  # raises on a compile error
+    return prepared.finish(native_kernel(fn, prepared.program))
+
+
+def build_many(tiles: list, graph: TileGraph) -> list:
+    """``build`` for all FusionTiles of a graph: a kernel, or the exception its build raised.
+
+    The native tiles compile together: their sources become one translation unit (one
+    prelude, each tile's function renamed ``pi_kernel_<index>``), split into at most
+    ``compiler.jobs()`` chunks by source size that compile concurrently, one shared
+    library per chunk. A chunk that fails to compile is rebuilt tile by tile, so only the
+    tile at fault gets the error.
+    """
+    results: list = [None] * len(tiles)
+    pending: list[tuple[int, Pending]] = []
+    for i, tile in enumerate(tiles):
+        try:
+            prepared = _prepare(tile, graph)
+        except Exception as e:  # noqa: BLE001 - reported per tile by the runtime
+            results[i] = e
+            continue
+        if isinstance(prepared, Pending):
+            pending.append((i, prepared))
+        else:
+            results[i] = prepared
+    if pending and not _have_compiler():
+        for i, _ in pending:
+            results[i] = _reference(tiles[i], graph, "no C++ compiler")
+        return results
+    chunks = plan_chunks(pending, compiler.jobs())
+    sources = [library_source(chunk) for chunk in chunks]
+    retry: list[tuple[int, Pending]] = []
+    for chunk, (_, symbols), lib in zip(chunks, sources, compiler.load_many(sources)):
+        if isinstance(lib, Exception):
+            if len(chunk) == 1:
+                results[chunk[0][0]] = lib
+            else:
+                retry += chunk
+            continue
+        for (i, prepared), symbol in zip(chunk, symbols):
+            results[i] = _finish(prepared, getattr(lib, symbol))
+    if retry:  # isolate the tile(s) whose code does not compile
+        libraries = compiler.load_many((p.source, (SYMBOL,)) for _, p in retry)
+        for (i, prepared), lib in zip(retry, libraries):
+            results[i] = lib if isinstance(lib, Exception) else \
+                _finish(prepared, getattr(lib, SYMBOL))
+    return results
+
+
+@dataclasses.dataclass
+class Pending:
+    """A native tile whose C++ is written but not compiled yet."""
+
+    program: Program
+    source: str
+    finish: Callable[[Kernel], Kernel]  # native kernel -> the tile's kernel
+
+
+def _have_compiler() -> bool:
+    global warned_no_compiler
+    if compiler.find_compiler() is not None:
+        return True
+    if not warned_no_compiler:
+        warned_no_compiler = True
+        warnings.warn("pypto_inductor: no C++ compiler found (set CXX or install g++); "
+                      "the cpu target runs the reference executor", stacklevel=5)
+    return False
+
+
+def _prepare(tile: FusionTile, graph: TileGraph):
+    """The tile's kernel when it needs no compile (the reference executor outside the native
+    slice, a one-op matmul), else a :class:`Pending` with its C++ source."""
+    try:
+        if tile.kind is OpKind.MATMUL:
+            planned = matmul.plan(tile, graph)
+            _, _, sub, sub_graph, _, _ = planned
+            if sub is None:
+                return matmul.assemble(tile, graph, planned, None)
+            program = analyse(sub, sub_graph)
+            return Pending(program, generate_source(program),
+                            lambda epi: matmul.assemble(tile, graph, planned, epi))
+        program = analyse(tile, graph)
+        return Pending(program, generate_source(program), lambda kernel: kernel)
+    except NotNative as e:
+        return _reference(tile, graph, str(e))
+
+
+def _finish(prepared: Pending, fn):
+    try:
+        return prepared.finish(native_kernel(fn, prepared.program))
+    except Exception as e:  # noqa: BLE001 - reported per tile by the runtime
+        return e
+
+
+HEAD = f'extern "C" void {SYMBOL}('  # where a tile's function starts in its source
+
+
+def plan_chunks(pending: list, jobs: int) -> list[list]:
+    """``pending`` in at most ``jobs`` chunks of similar source size (largest first into the
+    smallest chunk); tiles whose sources have different preludes (or no ``HEAD``) never
+    share a chunk."""
+    groups: dict = {}
+    for item in pending:
+        src = item[1].source
+        head = src[:src.index(HEAD)] if src.count(HEAD) == 1 else object()
+        groups.setdefault(head, []).append(item)
+    out = []
+    for group in groups.values():
+        bins: list[list] = [[] for _ in range(max(1, min(jobs, len(group))))]
+        sizes = [0] * len(bins)
+        for item in sorted(group, key=lambda it: -len(it[1].source)):
+            k = sizes.index(min(sizes))
+            bins[k].append(item)
+            sizes[k] += len(item[1].source)
+        out += [sorted(b, key=lambda it: it[0]) for b in bins]
+    return sorted(out, key=lambda c: c[0][0])
+
+
+def library_source(chunk: list) -> tuple[str, tuple]:
+    """(source, symbols) of one shared library holding the chunk's tiles."""
+    if len(chunk) == 1 and chunk[0][1].source.count(HEAD) != 1:
+        return chunk[0][1].source, (SYMBOL,)
+    head, bodies, symbols = None, [], []
+    for i, prepared in chunk:
+        src = prepared.source
+        at = src.index(HEAD)
+        head = src[:at] if head is None else head
+        symbol = f"{SYMBOL}_{i}"
+        bodies.append(f'extern "C" void {symbol}(' + src[at + len(HEAD):])
+        symbols.append(symbol)
+    return head + "\n".join(bodies), tuple(symbols)

@@ -1,0 +1,82 @@
+"""The Python side of a native kernel call: the wrapper the runtime calls per tile.
+
+:func:`native_kernel` wraps a compiled kernel function as a :class:`Kernel` whose
+``fn`` is straight-line Python generated per kernel (:func:`wrapper_source`): it
+looks up the input layout's metadata (sizes, strides and size symbols as ctypes
+arrays, cached by the inputs' strides), allocates the outputs (:mod:`.alloc`, or
+the runtime's buffer pool) and calls the kernel once, through the extension
+(:mod:`.native_call`) or ctypes.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ...sizes import size_function
+from .. import Kernel
+from . import alloc, native_call
+from .program import Program
+
+
+def wrapper_source(n_in: int, n_out: int, extension: bool) -> str:
+    """The Python wrapper of a native kernel with n_in inputs and n_out outputs, written
+    out straight: no loops or comprehensions on the per-call path (each of those costs a
+    frame in CPython 3.11, and most of a small kernel's budget is the wrapper). It calls
+    the kernel through the extension (:mod:`.native_call`), or through ctypes with a
+    pointer array kept per kernel (one per call in flight) and filled in place (cheaper
+    than building one per call: docs/runtime_overhead.md)."""
+    ins = [f"i{j}" for j in range(n_in)]
+    outs = [f"o{j}" for j in range(n_out)]
+    key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
+    lines = ["def kernel(inputs, syms, empty=empty):",
+             f"    {', '.join(ins)}{',' if n_in == 1 else ''} = inputs" if ins else "    pass",
+             f"    meta = layouts.get(({key},))",
+             "    if meta is None:",
+             "        meta = layout(inputs, syms)",
+             *(f"    {o} = empty(meta[{2 + j}], dt{j})" for j, o in enumerate(outs))]
+    if extension:
+        lines.append(f"    call(address, ({', '.join(ins + outs)},), meta[0], meta[1], threads())")
+    else:
+        lines += ["    ptrs = spare.pop() if spare else Ptrs()",
+                  *(f"    ptrs[{j}] = {t}.data_ptr()" for j, t in enumerate(ins + outs)),
+                  "    fn(ptrs, meta[0], meta[1], threads())",
+                  "    spare.append(ptrs)"]
+    lines.append(f"    return [{', '.join(outs)}]")
+    return "\n".join(lines) + "\n"
+
+
+def native_kernel(fn, program: Program) -> Kernel:
+    """The tile's Kernel calling the compiled function ``fn`` of ``program``."""
+    # No argtypes: the arguments are ctypes arrays and an int already, and ctypes' per-call
+    # conversion through argtypes costs more than the call (docs/runtime_overhead.md).
+    fn.restype = None
+    shapes = [size_function(tuple(spec.shape), program.symbols) for _, spec in program.outputs]
+    n_in, n_out = len(program.input_specs), len(shapes)
+    Ptrs = ctypes.c_void_p * max(n_in + n_out, 1)
+    Meta = ctypes.c_int64 * max(sum(2 * len(s.shape) for s in program.input_specs), 1)
+    Syms = ctypes.c_int64 * max(len(program.symbols), 1)
+    call = native_call.extension_call()
+    # how the call takes the arrays: by address (the extension) or as they are (ctypes)
+    ref = ctypes.addressof if call is not None else (lambda array: array)
+
+    # (syms, input strides) -> (metadata, syms, output shapes..., the arrays kept alive);
+    # input shapes are functions of the size symbols, so strides and syms identify them
+    layouts: dict = {}
+
+    def layout(inputs: list, syms: tuple) -> tuple:
+        arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
+        entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
+        if len(layouts) >= 256:
+            layouts.pop(next(iter(layouts)))
+        layouts[(syms, *[t.stride() for t in inputs])] = entry
+        return entry
+
+    scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
+             "call": call, "address": ctypes.cast(fn, ctypes.c_void_p).value,
+             "threads": torch.get_num_threads, "empty": alloc.empty,
+             **{f"dt{j}": spec.dtype for j, (_, spec) in enumerate(program.outputs)}}
+    # our own template, no user text
+    exec(wrapper_source(n_in, n_out, call is not None), scope)  # noqa: S102
+    # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
+    return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program)

@@ -1,0 +1,200 @@
+"""The C++ target's op table and value helpers: how each tile op is written in C++.
+
+:data:`OPS` maps a canonical tile op (see :mod:`pypto_inductor.ops`) to a function
+of its operands' C++ expressions and its :class:`.program.Node` returning the
+expression computing it; :func:`expression` writes a node's right-hand side with
+its operands converted to the op's compute dtype and the result rounded to its
+dtype. Values compute in ``float`` (fp16/bf16 loaded and stored with the prelude's
+bit conversions), ``int64_t`` or ``bool``; :data:`STORAGE` is the memory type.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch.utils._sympy.printers import CppPrinter
+
+from ...ops import float_only
+from ...sizes import is_symbolic
+
+_PRINTER = CppPrinter()
+
+STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "uint16_t",
+           torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+           torch.int8: "int8_t", torch.uint8: "uint8_t",
+           torch.bool: "uint8_t"}  # bool loads as bytes: GCC vectorises `b != 0`, not `bool`
+
+
+def ctype(dt) -> str:
+    if dt is None or dt.is_floating_point:
+        return "float"
+    return "bool" if dt == torch.bool else "int64_t"
+
+
+def finalize(e: str, dt) -> str:
+    """An expression rounded to dtype ``dt`` (kept in its compute type)."""
+    if dt is None or dt == torch.float32:
+        return f"(float)({e})"
+    if dt == torch.float16:
+        return f"rnd_f16((float)({e}))"
+    if dt == torch.bfloat16:
+        return f"rnd_bf16((float)({e}))"
+    if dt == torch.bool:
+        return f"(bool)({e})"
+    return f"(int64_t)({STORAGE[dt]})({e})"
+
+
+def conv(e: str, src, dst) -> str:
+    src, dst = src or torch.float32, dst or torch.float32
+    if src == dst or (dst == torch.float32 and src.is_floating_point):
+        return e
+    return finalize(e, dst)
+
+
+def load(e: str, dt) -> str:
+    if dt == torch.float16:
+        return f"ld_f16({e})"
+    if dt == torch.bfloat16:
+        return f"ld_bf16({e})"
+    if dt == torch.bool:
+        return f"({e} != 0)"
+    return e if dt == torch.float32 else f"(int64_t){e}"
+
+
+def store(e: str, dt) -> str:
+    if dt == torch.float16:
+        return f"st_f16({e})"
+    if dt == torch.bfloat16:
+        return f"st_bf16({e})"
+    return e if dt == torch.float32 else f"({STORAGE[dt]})({e})"
+
+
+def size(expr) -> str:
+    return f"((int64_t)({_PRINTER.doprint(sympy.sympify(expr))}))"
+
+
+def literal(v, dt) -> str:
+    ct = ctype(dt)
+    if is_symbolic(v) or isinstance(v, sympy.Basic):
+        return f"(({ct})({_PRINTER.doprint(v)}))"
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, int):
+        text = f"{v}LL"
+    elif math.isnan(v):
+        text = "NAN"
+    elif math.isinf(v):
+        text = "INFINITY" if v > 0 else "-INFINITY"
+    else:
+        text = repr(float(v))
+    return f"(({ct})({text}))" if ct != "bool" else f"((bool)({text}))"
+
+
+def _pow(a, n):
+    x, y = a
+    e = n.args[1]
+    scalar = n.args[1].value if not hasattr(e, "id") else None
+    if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
+        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
+                   -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
+                   -2: f"(1.0f / ({x} * {x}))", 0: "1"}
+        if scalar in special:
+            return special[scalar]
+    return f"std::pow({x}, {y})"
+
+
+def _clamp(a, n):
+    x = a[0]
+    lo, hi = n.attrs.get("min"), n.attrs.get("max")
+    if lo is not None:
+        x = f"pi_max_nf({x}, {literal(lo, n.attrs['common'])})"
+    if hi is not None:
+        x = f"pi_min_nf({x}, {literal(hi, n.attrs['common'])})"
+    return x
+
+
+def _f(fn):
+    return lambda a, n: f"{fn}({a[0]})"
+
+
+OPS = {
+    "add": lambda a, n: f"({a[0]} + {a[1]})", "sub": lambda a, n: f"({a[0]} - {a[1]})",
+    "mul": lambda a, n: f"({a[0]} * {a[1]})", "div": lambda a, n: f"({a[0]} / {a[1]})",
+    "neg": lambda a, n: f"(-{a[0]})", "copy": lambda a, n: a[0], "cast": lambda a, n: a[0],
+    "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),
+    "exp": _f("pi_exp"), "log": _f("std::log"), "sqrt": _f("std::sqrt"),
+    "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
+    "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
+    "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
+    "gelu": lambda a, n: (f"pi_gelu_tanh({a[0]})" if n.attrs.get("approximate") == "tanh"
+                          else f"pi_gelu({a[0]})"),
+    "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
+    "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
+    "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
+    "tan": _f("std::tan"), "floor": _f("std::floor"), "ceil": _f("std::ceil"),
+    "trunc": _f("std::trunc"), "round": _f("std::nearbyint"),
+    "reciprocal": lambda a, n: f"(1.0f / {a[0]})",
+    "abs": lambda a, n: (f"std::fabs({a[0]})" if ctype(n.attrs["common"]) == "float"
+                         else f"pi_abs({a[0]})"),
+    "sign": _f("pi_sign"),
+    "maximum": lambda a, n: f"pi_max({a[0]}, {a[1]})",
+    "minimum": lambda a, n: f"pi_min({a[0]}, {a[1]})",
+    "pow": _pow, "clamp": _clamp,
+    "eq": lambda a, n: f"({a[0]} == {a[1]})", "ne": lambda a, n: f"({a[0]} != {a[1]})",
+    "lt": lambda a, n: f"({a[0]} < {a[1]})", "le": lambda a, n: f"({a[0]} <= {a[1]})",
+    "gt": lambda a, n: f"({a[0]} > {a[1]})", "ge": lambda a, n: f"({a[0]} >= {a[1]})",
+    "where": lambda a, n: f"({a[0]} ? {a[1]} : {a[2]})",
+    "logical_not": lambda a, n: f"(!{a[0]})",
+    "logical_and": lambda a, n: f"({a[0]} && {a[1]})",
+    "logical_or": lambda a, n: f"({a[0]} || {a[1]})",
+    "logical_xor": lambda a, n: f"({a[0]} != {a[1]})",
+    "isnan": lambda a, n: f"({a[0]} != {a[0]})",
+    "bitwise_and": lambda a, n: f"({a[0]} & {a[1]})",
+    "bitwise_or": lambda a, n: f"({a[0]} | {a[1]})",
+    "bitwise_xor": lambda a, n: f"({a[0]} ^ {a[1]})",
+    "bitwise_not": lambda a, n: (f"(!{a[0]})" if n.attrs["common"] == torch.bool
+                                 else f"(~{a[0]})"),
+    "leaky_relu": lambda a, n: f"({a[0]} > 0 ? {a[0]} : {a[0]} * "
+                               f"{literal(n.attrs['negative_slope'], n.attrs['common'])})",
+}
+# ops computed in float only (an integer compute dtype is not native): the catalogue's
+FLOAT_ONLY = float_only(OPS)
+
+EXTRA_PRELUDE = r"""
+template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return x > (T)b ? (T)b : x; }
+"""
+
+
+class NotEmittable(Exception):
+    pass
+
+
+def expression(n, var) -> str:
+    """The right-hand side computing node n (not reduce/load)."""
+    if n.kind == "expr":
+        args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
+        return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
+    common = n.attrs["common"]
+    if n.attrs["op"] in FLOAT_ONLY and ctype(common) != "float":
+        raise NotEmittable(f"{n.attrs['op']} on {common}")
+    args = []
+    for i, a in enumerate(n.args):
+        if hasattr(a, "id"):
+            dst = torch.bool if (n.attrs["op"] == "where" and i == 0) else common
+            args.append(conv(var(a), a.dtype, dst))
+        elif common in (torch.float16, torch.bfloat16) and n.attrs["op"] not in ("mul", "div"):
+            args.append(finalize(literal(a.value, common), common))  # as eager rounds it
+        else:
+            args.append(literal(a.value, common))
+    if n.attrs["op"] == "cast":
+        args = [conv(var(n.args[0]), n.args[0].dtype, n.dtype)]
+    return finalize(OPS[n.attrs["op"]](args, n), n.dtype)
+
+
+def identity(x) -> str:
+    """A reduction's identity."""
+    flt = ctype(x.dtype) == "float"
+    return {"sum": "0", "max": "-INFINITY" if flt else "INT64_MIN",
+            "min": "INFINITY" if flt else "INT64_MAX"}[x.attrs["red"]]

@@ -1,0 +1,158 @@
+"""Reductions in the C++ analysis: a mixin of ``analysis._Analyser``.
+
+:meth:`ReductionAnalysis.lower_reduction` lowers a reduction tile op (sum, mean,
+amax/amin, argmax/argmin, var/std, softmax, log_softmax, logsumexp) to per-row
+reduce passes and the element-wise math around them. A reduction over dims
+other than the innermost ones (a column reduction) is analysed with those dims
+moved last (:meth:`ReductionAnalysis.transpose`): its rows are then the kept
+elements, and :mod:`.emit_columns` writes the kernel.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...ir import FusionTile, TileOp
+from ...sizes import same_size as _same
+from .program import FLOATS, Node, NotNative
+
+
+def _compute_dtype(dt):
+    return torch.float32 if dt in FLOATS else dt
+
+
+class ReductionAnalysis:
+    """The analyser's reduction methods (its attributes: see ``analysis._Analyser``)."""
+
+    # --- column reductions ---------------------------------------------------------------
+    def transpose(self, tile: FusionTile, axes: tuple) -> None:
+        """Analyse a reduction over dims that are not the innermost in the domain with those
+        dims moved last: it is then a row reduction whose rows are the kept dims (every
+        shape goes through :meth:`tshape`, every input read through :meth:`align`)."""
+        n = len(self.D)
+        if n - 1 in axes:
+            raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
+                            "only the innermost ones")
+        if any(op.op in ("view", "cat", "full") for op in tile.ops):
+            raise NotNative("a column reduction with views or cats inside is not native yet")
+        self.D0, self.axes = self.D, axes
+        self.kept = tuple(d for d in range(n) if d not in axes)
+        self.perm = self.kept + axes
+        self.D = self.tshape(self.D0)
+
+    def align(self, shape) -> list:
+        """For each dim of the tile's domain (its own order), the dim of ``shape`` there, or
+        None. A full-rank shape is the domain's; a lower-rank one is aligned right, as
+        broadcasting does, either into the domain or into the kept dims (a reduction
+        without keepdim drops the reduced ones, wherever they are); if both fit and
+        disagree the tile is not native."""
+        shape, n = tuple(shape), len(self.D0)
+        if len(shape) > n:
+            raise NotNative(f"a value of shape {list(shape)} has more dims than the tile")
+
+        def into(dims):
+            if len(shape) > len(dims):
+                return None
+            at = dims[len(dims) - len(shape):]
+            if not all(_same(s, 1) or _same(s, self.D0[d]) for s, d in zip(shape, at)):
+                return None
+            out = [None] * n
+            for i, d in enumerate(at):
+                out[d] = i
+            return out
+
+        full, kept = into(tuple(range(n))), into(self.kept)
+
+        def reads(m):  # where the non-1 dims land
+            return {d: i for d, i in enumerate(m) if i is not None and not _same(shape[i], 1)}
+
+        if full is not None and kept is not None and reads(full) != reads(kept):
+            raise NotNative(f"a value of shape {list(shape)} may broadcast over the tile "
+                            f"{list(self.D0)} or hold its reduction: ambiguous")
+        if full is None and kept is None:
+            raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
+                            f"{list(self.D0)}")
+        return full if full is not None else kept
+
+    def tshape(self, shape, reduced: bool = False) -> tuple:
+        """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
+        ``reduced``: the shape of a reduction's result, with or without keepdim."""
+        if self.perm is None:
+            return tuple(shape)
+        if reduced and len(shape) == len(self.kept):
+            at = [None] * len(self.D0)
+            for i, d in enumerate(self.kept):
+                at[d] = i
+        else:
+            at = self.align(shape)
+        return tuple(1 if at[p] is None else shape[at[p]] for p in self.perm)
+
+    def lower_reduction(self, op: TileOp, ctx: str) -> Node:
+        name = op.op
+        dims = tuple(op.attrs.get("dims", ()))
+        src = op.args[0]
+        shape = tuple(self.graph.specs[src].shape) if isinstance(src, str) else ()
+        reduced = self.axes if self.perm is not None else \
+            tuple(range(len(shape) - self.m, len(shape)))
+        if dims != reduced or (self.perm is not None and len(shape) != len(self.D)):
+            raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
+        shape = self.tshape(shape)
+        sctx = self.context(shape)
+        if sctx[0] != "col":
+            raise NotNative(f"{name} input shape differs from the tile domain")
+        if len(sctx[2]) != len(shape):
+            raise NotNative(f"{name} reduces a different last dim than the tile")
+        x = self.operand(src, sctx)
+        out = op.out.dtype
+        level = "col" if name in ("softmax", "log_softmax") else "row"
+        # reduced dims all of size 1 (a keepdim output then has the domain's shape): a
+        # per-row value is per-element as well
+        unit = all(_same(d, 1) for d in self.D[len(self.D) - self.m:])
+        if (level == "col") != (ctx[0] == "col") and not (level == "row" and unit):
+            raise NotNative(f"{name} output shape does not fit the tile domain")
+        if name in ("argmax", "argmin"):
+            # pass 1: the extreme (NaN if any); pass 2: the first column holding it
+            if x.dtype not in FLOATS or out != torch.int64 or (level == "col"):
+                raise NotNative(f"{name} of {x.dtype} is not native yet")
+            ext = self.reduce("max" if name == "argmax" else "min", x, torch.float32)
+            hit = self.node("expr", "col", [x, ext], torch.int64,
+                            fmt="(({0} == {1} || {0} != {0}) ? (int64_t)c : INT64_MAX)")
+            return self.round(self.reduce("min", hit, torch.int64), out, op)
+        if out not in FLOATS and name not in ("sum", "amax", "amin"):
+            raise NotNative(f"{name} in {out} is not native yet")
+        if name == "sum":
+            acc = _compute_dtype(out)
+            x = self.node("op", "col", [x], acc, self.D, op="copy", common=acc) \
+                if acc != x.dtype else x
+            return self.round(self.reduce("sum", x, acc), out, op)
+        if name in ("amax", "amin"):
+            return self.round(self.reduce(name[1:], x, _compute_dtype(x.dtype)), out, op)
+        if name == "mean":
+            return self.round(self.expr("row", "({0} / (float)C)", self.reduce("sum", x)), out, op)
+        if name in ("var", "std"):
+            mean = self.expr("row", "({0} / (float)C)", self.reduce("sum", x))
+            dev = self.expr("col", "({0} - {1})", x, mean)
+            ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
+            corr = float(op.attrs.get("correction", 1.0))
+            fmt = f"({{0}} / (float)std::max<double>((double)C - {corr!r}, 0.0))"
+            v = self.expr("row", fmt, ss)
+            return self.round(self.expr("row", "std::sqrt({0})", v) if name == "std" else v,
+                              out, op)
+        if name in ("softmax", "log_softmax", "logsumexp"):
+            mx = self.reduce("max", x)
+            if name == "logsumexp":
+                safe = self.expr("row", "(std::isinf({0}) ? 0.0f : {0})", mx)
+                s = self.reduce("sum", self.expr("col", "pi_exp({0} - {1})", x, safe))
+                return self.round(self.expr("row", "(std::log({0}) + {1})", s, safe), out, op)
+            shifted = self.expr("col", "({0} - {1})", x, mx)
+            e = self.expr("col", "pi_exp({0})", shifted)
+            s = self.reduce("sum", e)
+            if name == "softmax":
+                return self.round(self.expr("col", "({0} / {1})", e, s), out, op)
+            logs = self.expr("row", "std::log({0})", s)
+            return self.round(self.expr("col", "({0} - {1})", shifted, logs), out, op)
+        raise NotNative(f"reduction {name} is not native yet")
+
+    def round(self, v: Node, dtype, op: TileOp) -> Node:
+        """The value as the op's result: rounded to its dtype."""
+        return self.node("op", v.level, [v], dtype, self.tshape(op.out.shape, True), op="copy",
+                         common=v.dtype or torch.float32)
