@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from ..ir import FusionTile, OpKind, TileGraph, TileOp
+from .cpp_indexing import IndexCheck, IndexingMixin
 from .sizes import is_symbolic
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -49,6 +50,7 @@ class Node:
     dtype: torch.dtype | None  # the value's dtype (results are rounded to it); None = fp32 math
     attrs: dict
     shape: tuple | None = None
+    origin: str = ""  # the tile op it computes, e.g. "add_3 (add)", for error messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Program:
     # moved last, so rows are the kept dims; the kernel walks memory rows and keeps one
     # accumulator per kept element (cpp_emit_columns)
     transposed: bool = False
+    checks: list = dataclasses.field(default_factory=list)  # cpp_indexing.IndexCheck
+    writes: dict = dataclasses.field(default_factory=dict)  # output -> cpp_indexing.DirectWrite
 
 
 def _compute_dtype(dt):
@@ -140,7 +144,7 @@ def _unit_dims_map(shape, vshape, vdims):
     return tuple(out) if k == len(big) else None
 
 
-class _Analyser:
+class _Analyser(IndexingMixin):
     def __init__(self, tile: FusionTile, graph: TileGraph):
         self.tile, self.graph = tile, graph
         self.nodes: list[Node] = []
@@ -160,10 +164,13 @@ class _Analyser:
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
         self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
+        self.origin = ""  # the tile op being lowered (Node.origin)
+        self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
+        self.copies: dict[str, str] = {}  # copy_ op -> the input it writes
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
-        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape)
+        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape, self.origin)
         self.nodes.append(n)
         return n
 
@@ -239,6 +246,16 @@ class _Analyser:
     def load(self, name: str, ctx: tuple, dims=None) -> Node:
         """The input ``name`` read in ``ctx``; ``dims`` maps the op's dims to input dims
         (default: the input broadcast to the op's shape, aligned right)."""
+        k = self.access(name, ctx, dims)
+        key = (name, self.access_list[k])
+        if key not in self.loads:
+            level = "col" if ctx[0] == "col" else "row"
+            spec = self.graph.specs[name]
+            self.loads[key] = self.node("load", level, [], spec.dtype, spec.shape, access=k)
+        return self.loads[key]
+
+    def access(self, name: str, ctx: tuple, dims=None) -> int:
+        """The index of the :class:`Access` reading input ``name`` in ``ctx`` (see load)."""
         kind, shape, frame, cut = ctx
         spec = self.graph.specs[name]
         q = len(spec.shape)
@@ -273,12 +290,7 @@ class _Analyser:
         if access not in self.accesses:
             self.accesses[access] = len(self.access_list)
             self.access_list.append(access)
-        key = (name, access)
-        if key not in self.loads:
-            level = "col" if kind == "col" else "row"
-            self.loads[key] = self.node("load", level, [], spec.dtype, spec.shape,
-                                        access=self.accesses[access])
-        return self.loads[key]
+        return self.accesses[access]
 
     def operand(self, a, ctx: tuple):
         if not isinstance(a, str):
@@ -410,7 +422,8 @@ class _Analyser:
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
                        [graph.specs[i] for i in tile.inputs], outputs,
                        [self.classify(a, along) for a in self.access_list], graph.symbols,
-                       list(self.cat_bounds or []), self.perm is not None)
+                       list(self.cat_bounds or []), self.perm is not None, list(self.checks),
+                       self.direct_writes(outputs))
 
     # --- column reductions ---------------------------------------------------------------
     def transpose(self, tile: FusionTile, axes: tuple) -> None:
@@ -421,8 +434,9 @@ class _Analyser:
         if n - 1 in axes:
             raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
                             "only the innermost ones")
-        if any(op.op in ("view", "cat", "full") for op in tile.ops):
-            raise NotNative("a column reduction with views or cats inside is not native yet")
+        if any(op.op in ("view", "cat", "full", "gather", "pad", "arange") for op in tile.ops):
+            raise NotNative("a column reduction with views, cats, gathers, pads or aranges "
+                            "inside is not native yet")
         self.D0, self.axes = self.D, axes
         self.kept = tuple(d for d in range(n) if d not in axes)
         self.perm = self.kept + axes
@@ -488,7 +502,7 @@ class _Analyser:
         for op in reversed(self.tile.ops):
             if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) \
                     and op.name not in self.tile.outputs and users[op.name] \
-                    and all(u.op == "cat" or u.name in out for u in users[op.name]):
+                    and all(u.op in ("cat", "pad") or u.name in out for u in users[op.name]):
                 out.add(op.name)
         return out
 
@@ -496,7 +510,9 @@ class _Analyser:
         """A deferred op (see :meth:`cat_part_ops`) at the current cat part's columns."""
         key = (name, self.shift)
         if key not in self.part_env:
+            origin = self.origin
             self.part_env[key] = self.lower(self.ops[name])
+            self.origin = origin
         return self.part_env[key]
 
     def lower_cat(self, op: TileOp, ctx: tuple) -> Node:
@@ -505,27 +521,37 @@ class _Analyser:
         where the cat is that part's value; every column cat of a tile splits alike.
         Along a row dim d of the domain: each part's row index is i_d - offset clamped into
         the part (in bounds), and the cat selects on i_d (constant along the row)."""
-        shape, dim = tuple(op.out.shape), op.attrs["dim"]
+        if not all(isinstance(a, str) for a in op.args):
+            raise NotNative("cat of a scalar")
+        dim = op.attrs["dim"]
+        parts = [(a, self.graph.specs[a].shape[dim]) for a in op.args]
+        nonempty = [(a, n) for a, n in parts if not _same(n, 0)]
+        return self.lower_parts(op, ctx, dim, nonempty or parts[:1])  # empty parts: never read
+
+    def lower_parts(self, op: TileOp, ctx: tuple, dim: int, parts: list) -> Node:
+        """The cat of ``parts`` ((value name or Lit, length along ``dim``), see lower_cat)
+        as the result of ``op`` (a cat, or a pad whose fills are Lit parts)."""
+        shape = tuple(op.out.shape)
         kind, _, frame, cut = ctx
         n = len(self.D)
         row = dim < len(shape) - 1  # along a leading dim: a select on the row index
         if self.shift is not None or kind != "col" or cut or tuple(frame) != shape or (
                 row and (not _same_shape(shape, self.D) or dim >= n - max(self.m_red, 1))) \
                 or (not row and (not _same(shape[-1], self.D[-1]) or self.m_red > 1)):
-            raise NotNative(f"cat along dim {dim} of {list(shape)} is not native yet "
+            raise NotNative(f"{op.op} along dim {dim} of {list(shape)} is not native yet "
                             f"(only along the tile's columns or its row dims)")
-        if not all(isinstance(a, str) for a in op.args):
-            raise NotNative("cat of a scalar")
-        parts = [a for a in op.args if not _same(self.graph.specs[a].shape[dim], 0)]
         args, bounds, off = [], [], sympy.Integer(0)
-        for a in parts or op.args[:1]:  # empty parts are never read
-            part = tuple(self.graph.specs[a].shape)
-            self.shift = (dim, off, shape)
-            try:
-                args.append(self.operand(a, self.context(part)))
-            finally:
-                self.shift = None
-            off = off + sympy.sympify(part[dim])
+        for a, length in parts:
+            if isinstance(a, Lit):  # a pad's fill
+                args.append(a)
+            else:
+                part = tuple(self.graph.specs[a].shape)
+                self.shift = (dim, off, shape)
+                try:
+                    args.append(self.operand(a, self.context(part)))
+                finally:
+                    self.shift = None
+            off = off + sympy.sympify(length)
             bounds.append(off)
         bounds = bounds[:-1]
         if row:  # each part's rows read clamped into it, the select per row
@@ -587,11 +613,16 @@ class _Analyser:
         return "unit" if unit else "bcast" if bcast else "strided"
 
     def lower(self, op: TileOp) -> Node | None:
+        self.origin = f"{op.name} ({op.op})"
         if op.op == "view":
             return self.lower_view(op)
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
+        lower = {"gather": self.lower_gather, "pad": self.lower_pad, "copy_": self.lower_copy_,
+                 "arange": self.lower_arange}.get(op.op)
+        if lower is not None:
+            return lower(op, ctx)
         if op.kind is OpKind.REDUCTION:
             return self.lower_reduction(op, ctx)
         if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):

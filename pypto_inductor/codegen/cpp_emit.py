@@ -17,6 +17,7 @@ import sympy
 import torch
 from torch.utils._sympy.printers import CppPrinter
 
+from .cpp_indexing import gather_address, index_prologue, iota
 from .cpp_prelude import PRELUDE
 from .sizes import is_symbolic
 
@@ -100,6 +101,15 @@ def literal(v, dt) -> str:
     else:
         text = repr(float(v))
     return f"(({ct})({text}))" if ct != "bool" else f"((bool)({text}))"
+
+
+def number(v) -> str:
+    """A C++ numeric literal of a Python number or sympy size expression (full precision)."""
+    if is_symbolic(v) or isinstance(v, sympy.Basic) and not isinstance(v, sympy.Float):
+        return size(v)
+    if isinstance(v, (bool, int)):
+        return f"{int(v)}LL"
+    return repr(float(v))
 
 
 def _pow(a, n):
@@ -187,10 +197,13 @@ class NotEmittable(Exception):
 
 def _expr(n, var) -> str:
     """The right-hand side computing node n (not reduce/load)."""
+    _emitting[0] = n.origin or _emitting[0]
     if n.kind == "expr":
         args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
         return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
     common = n.attrs["common"]
+    if n.attrs["op"] not in OPS:
+        raise NotEmittable(f"tile op {n.attrs['op']} ({n.origin}) has no C++ form here")
     if n.attrs["op"] in _FLOAT_ONLY and ctype(common) != "float":
         raise NotEmittable(f"{n.attrs['op']} on {common}")
     args = []
@@ -225,6 +238,16 @@ def emit(p) -> str:
         return _Emitter(p).source()
     except NotEmittable as e:
         raise NotNative(str(e)) from e
+    except Exception as e:  # a bug here: say which tile op the kernel failed on
+        raise EmitError(f"C++ emitter failed on {_emitting[0] or 'the tile'}: "
+                        f"{type(e).__name__}: {e}") from e
+
+
+class EmitError(RuntimeError):
+    """The C++ emitter failed; the message names the tile op it was writing."""
+
+
+_emitting: list = [None]  # the tile op whose node is being written, for EmitError
 
 
 class _Emitter:
@@ -275,13 +298,18 @@ class _Emitter:
         w(f"  const int64_t R = {rows}, C = {cols};")
         off = 0
         offsets = []
+        # a copy_ written straight into its input: that input and output alias
+        writes = getattr(p, "writes", {})
+        aliased = {wr.input for wr in writes.values() if wr.direct}
         for k, spec in enumerate(p.input_specs):
-            w(f"  const {STORAGE[spec.dtype]}* __restrict__ in{k} = "
+            r = "" if k in aliased else " __restrict__"
+            w(f"  const {STORAGE[spec.dtype]}*{r} in{k} = "
               f"(const {STORAGE[spec.dtype]}*)ptrs[{k}];")
             offsets.append(off)
             off += 2 * len(spec.shape)
         for k, (_, spec) in enumerate(p.outputs):
-            w(f"  {STORAGE[spec.dtype]}* __restrict__ out{k} = "
+            r = "" if k in writes and writes[k].direct else " __restrict__"
+            w(f"  {STORAGE[spec.dtype]}*{r} out{k} = "
               f"({STORAGE[spec.dtype]}*)ptrs[{len(p.input_specs) + k}];")
         for k, a in enumerate(p.accesses):
             q = len(p.input_specs[a.input].shape)
@@ -297,6 +325,7 @@ class _Emitter:
             if a.row_shift:  # a row cat's part: its first index and length along the dim
                 e, off = a.row_shift
                 w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
+        self.lines += index_prologue(p, offsets)
 
     def source(self) -> str:
         p, n = self.p, self.n
@@ -406,13 +435,19 @@ class _Emitter:
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
             rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
         elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
-            rhs = conv(self.var(x.args[-1]), x.args[-1].dtype, x.dtype)
+            rhs = self.part(x, x.args[-1])
             for s in range(len(x.args) - 2, -1, -1):
-                a = conv(self.var(x.args[s]), x.args[s].dtype, x.dtype)
-                rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {a} : {rhs})"
+                rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {self.part(x, x.args[s])} : {rhs})"
         elif x.kind == "op" and x.attrs["op"] == "cat":  # this segment's part
-            a = x.args[self.seg]
-            rhs = conv(self.var(a), a.dtype, x.dtype)
+            rhs = self.part(x, x.args[self.seg])
+        elif x.kind == "gather":  # an indexed read (cpp_indexing)
+            k = x.attrs["access"]
+            inp = self.p.accesses[k].input
+            address = gather_address(x, self.var, self.col_offset(k, path) if col else None)
+            rhs = load(f"in{inp}[{address}]", self.p.input_specs[inp].dtype)
+        elif x.kind == "iota":  # arange: start + step * (the element's flat index)
+            rhs = finalize(iota(x.attrs["start"], x.attrs["step"], x.dtype, "(r * C + c)",
+                                number), x.dtype)
         elif x.id in self.stored:
             rhs = f"sc{x.id}[c]"
         else:
@@ -421,6 +456,12 @@ class _Emitter:
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
             self.storing.add(x.id)
+
+    def part(self, x, a) -> str:
+        """A cat part's value in the cat's dtype (a pad's fill is a literal)."""
+        if hasattr(a, "id"):
+            return conv(self.var(a), a.dtype, x.dtype)
+        return finalize(literal(a.value, x.dtype), x.dtype)
 
     def col_offset(self, k: int, path: str) -> str:
         p = self.p
@@ -538,7 +579,10 @@ class _Emitter:
                         self.w(f"      nan{x.id} |= nan{x.id}_{k};")
 
     def calls_math(self, x) -> bool:
-        """Whether computing x calls a prelude math function (pi_exp, ...)."""
+        """Whether computing x calls a prelude math function (pi_exp, ...). A cat only
+        selects one of its parts (whose own costs count where they are computed)."""
+        if x.kind == "op" and x.attrs["op"] == "cat":
+            return False
         return x.kind in ("expr", "op") and "pi_" in _expr(x, self.var)
 
     def cache_costly_values(self) -> None:
