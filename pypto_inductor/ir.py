@@ -142,6 +142,9 @@ class TileGraph:
     # Where each size symbol is read at run time: (argument index, dim or None for a SymInt).
     symbol_bindings: dict[sympy.Symbol, tuple[int, int | None]] = dataclasses.field(
         default_factory=dict)
+    # Tensor constants of the graph (FX get_attr, e.g. a lifted torch.tensor([...])):
+    # values like inputs, which the runtime holds instead of receiving them.
+    constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def symbols(self) -> list[sympy.Symbol]:
@@ -172,6 +175,7 @@ class TileGraph:
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}({', '.join('%' + i for i in self.inputs)}):"]
+        lines += [f"  %{c}: {self.specs[c]} = constant" for c in self.constants]
         lines += [f"  {node}" for node in self.nodes]
         lines.append(f"  return ({', '.join(_fmt_operand(o) for o in self.outputs)})")
         return "\n".join(lines)
@@ -260,6 +264,8 @@ def op_name(fn: Any) -> str:
     """'aten.gelu.default' for torch.ops.aten.gelu.default; str() otherwise."""
     if isinstance(fn, torch._ops.OpOverload):
         return f"{fn.namespace}.{fn._schema.name.split('::')[-1]}.{fn._overloadname}"
+    if isinstance(fn, torch._ops.HigherOrderOperator):
+        return f"higher_order.{fn.name()}"
     return getattr(fn, "__name__", str(fn))
 
 

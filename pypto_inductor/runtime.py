@@ -51,6 +51,9 @@ class CompiledGraph:
         for name in graph.inputs:
             self.slot[name] = len(self.slot)
         self.num_inputs = len(graph.inputs)
+        for name in graph.constants:  # slots right after the inputs, filled on every call
+            self.slot[name] = len(self.slot)
+        self.constants = list(graph.constants.values())
         self.kernel_fallbacks: dict[str, str] = {}  # tile name -> why it runs eagerly
         # tile name -> {"native": bool, "reason": why not} for targets that say
         self.kernel_native: dict[str, dict] = {}
@@ -176,7 +179,8 @@ class CompiledGraph:
     def __call__(self, *args) -> list:
         bindings = self.bindings
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
-        env: list[Any] = list(args) + [None] * (len(self.slot) - self.num_inputs)
+        env: list[Any] = list(args) + self.constants
+        env += [None] * (len(self.slot) - len(env))
         del args
         profile, pool = self.config.profile, self.pool
         if pool is not None:
