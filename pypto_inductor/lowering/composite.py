@@ -23,16 +23,28 @@ aten = torch.ops.aten
 
 def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
                   use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
-                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2):
-    """``_transformer_encoder_layer_fwd`` without a mask: src [B, L, E] (batch first)."""
+                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                  mask_type=None):
+    """``_transformer_encoder_layer_fwd``: src [B, L, E] (batch first). A mask is read as
+    the fast path does: nonzero (or True) masks a score out, and ``mask_type`` says its
+    layout (0: [L, L], 1: key padding [B, L], else broadcast to [B, H, L, L]); a row
+    with every score masked is NaN, as eager's."""
     batch, length, _ = src.shape
     head_dim = embed_dim // num_heads
+    if mask is not None:
+        mask = mask if mask.dtype == torch.bool else mask != 0
+        if mask_type == 1:
+            mask = mask.view(batch, 1, 1, length)
 
     def attention(x):
         qkv = F.linear(x, qkv_weight, qkv_bias).view(batch, length, 3, num_heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         q = q / math.sqrt(head_dim)  # the fast path scales q (after its bias) before q @ k^T
-        probs = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        scores = q @ k.transpose(-2, -1)
+        if mask is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         out = (probs @ v).transpose(1, 2).reshape(batch, length, embed_dim)
         return F.linear(out, proj_weight, proj_bias)
 
@@ -55,9 +67,11 @@ def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, 
 
 @register_lowering(aten._transformer_encoder_layer_fwd)
 def lower_transformer_encoder_layer(ctx, src, *args, mask=None, mask_type=None):
-    if mask is not None or (len(args) > 17 and args[17] is not None):
-        raise Unsupported("_transformer_encoder_layer_fwd with a mask (runs eagerly)")
-    return inline(ctx, encoder_layer, list(ctx.node.args)[:18], [src, *args][:18])
+    node = ctx.node
+    fx_args = list(node.args) + [node.kwargs[k] for k in ("mask", "mask_type") if k in node.kwargs]
+    values = [src, *args] + [v for k, v in (("mask", mask), ("mask_type", mask_type))
+                             if k in node.kwargs]
+    return inline(ctx, encoder_layer, fx_args, values)
 
 
 def inline(ctx, fn, fx_args, values):
