@@ -77,6 +77,25 @@ def test_embedding_position_add_layer_norm_is_one_native_kernel(dynamic):
     assert tiles[0][0].count("gather") == 2 and "var" in tiles[0][0]
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_broadcast_position_embedding_is_read_where_it_is_used(dynamic):
+    """GPT-2: wte(ids) [B, S, D] + wpe(arange(S)[None]) [1, S, D], then LayerNorm: the
+    position rows are read by the add itself, so both gathers and the norm are one kernel."""
+    torch.manual_seed(10)
+    wte, wpe = torch.randn(50, 32), torch.randn(16, 32)
+    w, b = torch.randn(32), torch.randn(32)
+
+    def fn(ids):
+        h = F.embedding(ids, wte) + F.embedding(torch.arange(ids.shape[1]).unsqueeze(0), wpe)
+        return h, F.layer_norm(h, (32,), w, b)
+
+    out, ref, tiles = compile_run(fn, torch.randint(0, 50, (3, 7)), dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **FP32)
+    fused = [t for t in tiles if "var" in t[0]]
+    assert len(fused) == 1 and fused[0][0].count("gather") == 2 and fused[0][1]["native"], tiles
+    assert [kinds for kinds, _, _ in tiles if kinds != fused[0][0]] == [["arange"]], tiles
+
+
 def test_embedding_backward_and_int32_indices():
     torch.manual_seed(1)
     ids = torch.randint(0, 20, (4, 5), dtype=torch.int32)
@@ -123,6 +142,18 @@ def test_gather_reads_per_row_indices_inside_a_softmax_kernel():
                                   torch.randint(0, 10, (4, 6)))
     torch.testing.assert_close(out, ref, **FP32)
     assert {"gather", "softmax"} <= native_ops(tiles)
+
+
+def test_cross_entropy_gathers_its_targets_natively():
+    """log_softmax, the target gather ([N, 1], read as the reduced row) and the mean."""
+    torch.manual_seed(11)
+    target = torch.randint(0, 10, (32,))
+    target[3] = -100  # ignore_index
+    out, ref, tiles = compile_run(lambda x, t: F.cross_entropy(x, t), torch.randn(32, 10), target,
+                                  backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    forward = [t for t in tiles if "gather" in t[0]]
+    assert forward and all(n["native"] for _, n, _ in forward), tiles
 
 
 OUT_OF_RANGE = {

@@ -167,6 +167,7 @@ class _Analyser(IndexingMixin):
         self.origin = ""  # the tile op being lowered (Node.origin)
         self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
         self.copies: dict[str, str] = {}  # copy_ op -> the input it writes
+        self.where_used: set[str] = set()  # gathers read where used (cpp_indexing)
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
@@ -227,7 +228,8 @@ class _Analyser(IndexingMixin):
             if _same(_numel(shape), rows):
                 return ("drop", shape, shape + tail, 0)
             if m == 1 and shape and _same(_numel(shape), _numel(D)):
-                return ("col", shape, self.split_last(shape), 0)
+                core = _core(shape)  # trailing 1s (a gather's [N, 1]) cut, as pointwise
+                return ("col", shape, self.split_last(core), len(shape) - len(core))
         raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
                         f"{list(D)}" + (f" reducing its last {m} dims" if m else ""))
 
@@ -300,6 +302,8 @@ class _Analyser(IndexingMixin):
         kind, out_shape = ctx[:2]
         if a in self.deferred:
             return self.lower_part(a)
+        if a in self.where_used:  # a broadcast gather, read at this op's elements
+            return self.lower_gather_at(a, ctx)
         if a in self.input_views:  # a tile input seen through a view adding/removing 1s
             src, vshape, vdims = self.input_views[a]
             if len(vshape) > len(out_shape):
@@ -377,7 +381,9 @@ class _Analyser(IndexingMixin):
             if dt not in DTYPES:
                 raise NotNative(f"dtype {dt} is not in the native slice")
         self.deferred = self.cat_part_ops()
-        dom_ops = [op for op in tile.ops if op.name not in self.deferred]
+        self.where_used = self.gathers_read_where_used()
+        dom_ops = [op for op in tile.ops if op.name not in self.deferred
+                   and op.name not in self.where_used]
         dom = group_domain(dom_ops, graph)
         self.D = tuple(dom.shape)
         n = len(self.D)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..ir import TileOp
+from ..ir import OpKind, TileOp
 
 MAX_INDEX_DIMS = 16  # the index scan's odometer (pi_index_bad in cpp_prelude)
 
@@ -58,20 +58,54 @@ class IndexingMixin:
             raise NotNative(f"{what} is computed inside the tile (it must come from memory)")
         return name
 
-    def lower_gather(self, op: TileOp, ctx: tuple):
-        from .cpp_analysis import NotNative
+    def gathers_read_where_used(self) -> set[str]:
+        """Gathers whose result only pointwise ops of the tile read, broadcast to their larger
+        shape (see ``planner.read_where_used``): each use reads the source itself."""
+        from .cpp_analysis import _numel, _same
+
+        out = set()
+        for op in self.tile.ops:
+            if op.op != "gather" or op.name in self.tile.outputs:
+                continue
+            users = [u for u in self.tile.ops if op.name in u.inputs]
+            small = tuple(op.out.shape)
+            if users and all(
+                    u.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST)
+                    and u.op not in ("gather", "pad", "copy_") and len(small) <= len(u.out.shape)
+                    and not _same(_numel(small), _numel(u.out.shape))
+                    and all(_same(s, 1) or _same(s, b)
+                            for s, b in zip(small[::-1], tuple(u.out.shape)[::-1]))
+                    for u in users):
+                out.add(op.name)
+        return out
+
+    def lower_gather_at(self, name: str, ctx: tuple):
+        """A gather read where used: lowered in the reading op's context (its shape aligned
+        right into the gather's; dims the gather has as 1 read at 0)."""
+        key = ("gather_at", name, ctx[0], tuple(ctx[1]), tuple(ctx[2]), ctx[3])
+        if key not in self.part_env:
+            origin = self.origin
+            self.part_env[key] = self.lower_gather(self.ops[name], ctx,
+                                                   len(ctx[1]) - len(self.ops[name].out.shape))
+            self.origin = origin
+        return self.part_env[key]
+
+    def lower_gather(self, op: TileOp, ctx: tuple, lead: int = 0):
+        """``op`` at ``ctx``; ``lead``: the op's dim k is dim k + lead of the context's shape
+        (a gather read where used, see lower_gather_at)."""
+        from .cpp_analysis import NotNative, _same
 
         kind, shape, frame, cut = ctx
         if self.shift is not None or self.perm is not None:
             raise NotNative("a gather inside a cat part or a column reduction is not native yet")
         src = self.plain_input(op.args[0], f"the source of gather {op.name}")
         source_dims, index_dims = op.attrs["source_dims"], op.attrs["index_dims"]
-        if len(shape) != len(op.out.shape):
+        if len(shape) != len(op.out.shape) + lead:
             raise NotNative("a gather whose result is reshaped by the tile domain")
         src_dims = [None] * len(shape)
         for d, k in enumerate(source_dims):
-            if k >= 0:
-                src_dims[k] = d
+            if k >= 0 and not (lead and _same(op.out.shape[k], 1) and not _same(shape[k + lead], 1)):
+                src_dims[k + lead] = d  # (a broadcast dim of the result is read at 0)
         access = self.access(src, ctx, src_dims)
         indices, gdims = [], []
         for j, name in enumerate(op.args[1:]):
@@ -81,7 +115,7 @@ class IndexingMixin:
                 raise NotNative(f"an index of more than {MAX_INDEX_DIMS} dims")
             dims = [None] * len(shape)
             for e, k in enumerate(index_dims[j]):
-                dims[k] = e
+                dims[k + lead] = e
             m = self.m_red
             per_row = m and all(x is None for x in dims[len(dims) - m:])
             ictx = ("keep", shape, frame, cut) if per_row and kind == "col" else ctx

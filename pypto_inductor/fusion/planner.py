@@ -143,8 +143,30 @@ class _Planner:
     def tile_plan(self, ops: list[TileOp]) -> TilePlan:
         key = tuple(sorted(id(op) for op in ops))
         if key not in self._tile_cache:
-            self._tile_cache[key] = plan_tile(ops, self.graph, self.hw, self.config.buffering)
+            # gathers read where they are used iterate no domain of their own: last, so the
+            # group's domain comes from the others (capacity.group_domain takes the first)
+            members = {id(op) for op in ops}
+            ordered = sorted(ops, key=lambda op: self.read_where_used(op, members))
+            self._tile_cache[key] = plan_tile(ordered, self.graph, self.hw,
+                                              self.config.buffering)
         return self._tile_cache[key]
+
+    def read_where_used(self, op: TileOp, members: set[int]) -> bool:
+        """A gather whose result only pointwise ops among ``members`` read, each broadcasting
+        it to a larger shape (a position embedding [1, S, D] added to [B, S, D]): a kernel
+        reads it where it is used, so it has no iteration domain of its own there."""
+        if op.op != "gather" or op.name in self.cost.graph_outputs:
+            return False
+        users = self.cost.users.get(op.name, [])
+        small = tuple(op.out.shape)
+        for user in users:
+            big = tuple(user.out.shape) if isinstance(user, TileOp) else ()
+            if id(user) not in members or not user.kind.injective \
+                    or user.op in ("gather", "pad", "copy_") or len(small) > len(big) \
+                    or self.graph.hint(op.out.numel) >= self.graph.hint(user.out.numel) \
+                    or any(s != 1 and s != b for s, b in zip(small[::-1], big[::-1])):
+                return False
+        return bool(users)
 
     def group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
         """(successors, predecessors) of every group."""
@@ -223,8 +245,12 @@ class _Planner:
                 return "matmul prologue not fused: the cube unit reads its operands from GM", None
             if op.op == "gather" and any(self.computed_in(a, defined) for a in op.inputs):
                 return "gather source or index not fused: an indexed read takes them from GM", None
-        acc = list(groups[0])
-        for ops in groups[1:]:
+        members = {id(op) for op in merged}
+        free = {id(op) for op in merged if self.read_where_used(op, members)}
+        domain_groups = [g for g in ([op for op in ops if id(op) not in free] for ops in groups)
+                         if g]
+        acc = list(domain_groups[0])
+        for ops in domain_groups[1:]:
             why = domains_compatible(group_domain(acc, self.graph), group_domain(ops, self.graph),
                                      pointwise_outputs(acc), pointwise_outputs(ops))
             if why:
