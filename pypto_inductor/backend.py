@@ -20,7 +20,10 @@ from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, parse_options
 from .fusion import plan_fusion
+from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
+from .lowering.decompositions import python_decompositions_bypassed
+from .lowering.graph import FORCED
 from .report import GraphReport, publish
 from .runtime import CompiledGraph
 
@@ -44,11 +47,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str)
         publish(GraphReport.eager(name, str(e), gm), config, hw)
         return make_boxed_func(gm.forward)
     if config.fallback == "error":
-        unsupported = [f"{n.op_name} ({n.reason})" for n in graph.nodes
-                       if getattr(n, "reason", None) and n.reason != "forced by fallback_ops"]
-        if unsupported:
+        eager = [f"{n.name} = {n.op_name} ({n.reason})" for n in graph.nodes
+                 if isinstance(n, ExternOp) and n.reason != FORCED]
+        if eager:
             raise UnsupportedOpsError(
-                "fallback='error' and these ops have no tile lowering: " + ", ".join(unsupported)
+                f"fallback='error' and these ops of graph {name} would run eagerly: "
+                + "; ".join(eager)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
     plan = plan_fusion(graph, hw, config)
     compiled = CompiledGraph(plan, get_target(config.target), config)
@@ -71,13 +75,14 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     """The Dynamo backend registered as "pypto"."""
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
-    return aot_autograd(
-        fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward"),
-        bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
-        inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference"),
-        decompositions=decomposition_table(),
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
+        return aot_autograd(
+            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward"),
+            bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
+            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference"),
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
 
 
 __all__ = ["compile_graph", "pypto_backend", "UnsupportedOpsError"]

@@ -29,6 +29,11 @@ class OpKind(enum.Enum):
     LAYOUT = "layout"  # views run zero-copy; cat materialises
     EXTERN = "extern"
 
+    @property
+    def injective(self) -> bool:
+        """Elementwise, broadcast or cast: each output element from one element per input."""
+        return self in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST)
+
 
 Shape = tuple[sympy.Expr, ...]
 Operand = Union[str, int, float, bool, sympy.Expr]
@@ -140,6 +145,9 @@ class TileGraph:
     # Where each size symbol is read at run time: (argument index, dim or None for a SymInt).
     symbol_bindings: dict[sympy.Symbol, tuple[int, int | None]] = dataclasses.field(
         default_factory=dict)
+    # Tensor constants of the graph (FX get_attr, e.g. a lifted torch.tensor([...])):
+    # values like inputs, which the runtime holds instead of receiving them.
+    constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def symbols(self) -> list[sympy.Symbol]:
@@ -170,6 +178,7 @@ class TileGraph:
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}({', '.join('%' + i for i in self.inputs)}):"]
+        lines += [f"  %{c}: {self.specs[c]} = constant" for c in self.constants]
         lines += [f"  {node}" for node in self.nodes]
         lines.append(f"  return ({', '.join(_fmt_operand(o) for o in self.outputs)})")
         return "\n".join(lines)
@@ -258,6 +267,8 @@ def op_name(fn: Any) -> str:
     """'aten.gelu.default' for torch.ops.aten.gelu.default; str() otherwise."""
     if isinstance(fn, torch._ops.OpOverload):
         return f"{fn.namespace}.{fn._schema.name.split('::')[-1]}.{fn._overloadname}"
+    if isinstance(fn, torch._ops.HigherOrderOperator):
+        return f"higher_order.{fn.name()}"
     return getattr(fn, "__name__", str(fn))
 
 

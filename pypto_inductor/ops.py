@@ -8,7 +8,8 @@ a target lacks runs another way), and the ROI model's cost, read from here.
 
 - ``kind``: the op's family (:class:`ir.OpKind`); lowering marks an elementwise
   op whose operand is broadcast ``BROADCAST``;
-- ``arity``: tensor or scalar operands (attributes aside); ``None`` for ``cat``;
+- ``arity``: tensor or scalar operands (attributes aside); ``None`` when it varies
+  (``cat``, and the indexed ops taking one index per indexed dim);
 - ``flops``: the ROI model's cost of one element, in adds (1 for an add);
 - ``float_only``: the op's math is floating-point: a target computes it in a
   float type (the C++ target refuses an integer compute dtype for it).
@@ -58,7 +59,15 @@ _add(E, 2, "hypot", flops=6, float_only=True)
 _add(E, 2, "pow", flops=10)
 _add(E, 2, "atan2", flops=12, float_only=True)
 _add(E, 3, "where")
-_add(E, 0, "full")
+_add(E, 0, "full arange")
+_add(E, 2, "copy_")  # copy_(dst, src): src written into the graph input dst
+# Indexed reads and writes (lowering/indexing.py), which lowering marks BROADCAST: their
+# operands have other shapes than the result. ``None``: an index operand per indexed dim.
+B = OpKind.BROADCAST
+_add(B, None, "gather index_put")
+_add(B, 1, "pad")
+_add(B, 2, "slice_scatter")
+_add(B, 3, "scatter scatter_add scatter_reduce")
 _add(OpKind.CAST, 1, "cast")
 # Reductions (attributes dims, keepdim), and reductions with an epilogue.
 _add(R, 1, "sum mean prod amax amin any all argmax argmin")
@@ -69,7 +78,7 @@ _add(OpKind.MATMUL, 2, "matmul")
 # Layout: views run zero-copy; cat materialises.
 _add(OpKind.LAYOUT, 1, "view permute expand slice select")
 _add(OpKind.LAYOUT, None, "cat")
-del E, R
+del E, R, B
 
 
 def flop_weight(op: str) -> int:

@@ -52,9 +52,13 @@ class CompiledGraph:
         for name in graph.inputs:
             self.slot[name] = len(self.slot)
         self.num_inputs = len(graph.inputs)
+        for name in graph.constants:  # slots right after the inputs, filled on every call
+            self.slot[name] = len(self.slot)
+        self.constants = list(graph.constants.values())
         self.kernel_fallbacks: dict[str, str] = {}  # tile name -> why it runs eagerly
         # tile name -> {"native": bool, "reason": why not} for targets that say
         self.kernel_native: dict[str, dict] = {}
+        self.kernels: dict[str, Kernel] = {}  # tile name -> its kernel record
         self.timings: dict[str, list[float]] = {}
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
         self.pool = BufferPool() if config.keep_buffers and _use_count else None
@@ -78,7 +82,7 @@ class CompiledGraph:
         graph = self.plan.graph
         symbols = graph.symbols
         if isinstance(step, FusionTile):
-            kernel = self._build_kernel(step, target)
+            kernel = self.kernels[step.name] = self._build_kernel(step, target)
             fn = kernel.fn  # called directly: no frame of the Kernel record per call
             ins = [self.slot[n] for n in step.inputs]
             outs = self._define(step.outputs)
@@ -176,7 +180,8 @@ class CompiledGraph:
     def __call__(self, *args) -> list:
         bindings = self.bindings
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
-        env: list[Any] = list(args) + [None] * (len(self.slot) - self.num_inputs)
+        env: list[Any] = list(args) + self.constants
+        env += [None] * (len(self.slot) - len(env))
         del args
         profile, pool = self.config.profile, self.pool
         if pool is not None:

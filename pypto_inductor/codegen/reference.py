@@ -62,6 +62,62 @@ def _full(*, value, dtype, shape):
     return torch.full(shape, value, dtype=dtype)
 
 
+# --- indexed reads and writes (lowering/indexing.py) ------------------------------------------
+_OUT_OF_RANGE = {"gather": RuntimeError}  # the error eager raises; IndexError otherwise
+
+
+def _gather(x, *indices, source_dims, index_dims, wrap, check, shape):
+    """out[o] = x[s(o)]: source dim d read at output dim source_dims[d] (>= 0) or at index
+    -1 - source_dims[d], aligned to the output dims index_dims[j]; negative indices wrap
+    only when ``wrap``. Built as one advanced-indexing read with every source dim indexed."""
+    n = len(shape)
+    full = []
+    for s in source_dims:
+        view = [1] * n
+        if s >= 0:
+            view[s] = shape[s]
+            full.append(torch.arange(shape[s]).view(view))
+            continue
+        index = indices[-1 - s]
+        for e, k in enumerate(index_dims[-1 - s]):
+            view[k] = index.shape[e]
+        if not wrap and index.numel() and bool((index < 0).any()):
+            raise _OUT_OF_RANGE.get(check, IndexError)(f"{check}: index out of range "
+                                                        "(negative index)")
+        full.append(index.reshape(view))
+    try:
+        return x[tuple(full)] if full else x.clone()
+    except IndexError as e:
+        raise _OUT_OF_RANGE.get(check, IndexError)(f"{check}: {e}") from None
+
+
+def _pad(x, *, pads, value):
+    flat = [int(p) for lo_hi in reversed(pads) for p in lo_hi]
+    return torch.nn.functional.pad(x, flat, value=value)
+
+
+def _scatter(x, index, src, *, dim, reduce):
+    if reduce is None:
+        return aten.scatter(x, dim, index, src)
+    if isinstance(src, torch.Tensor):
+        return aten.scatter.reduce(x, dim, index, src, reduce=reduce)
+    return aten.scatter.value_reduce(x, dim, index, src, reduce=reduce)
+
+
+def _index_put(x, values, *indices, positions, accumulate):
+    full = [None] * (max(positions) + 1)
+    for d, index in zip(positions, indices):
+        full[d] = index
+    if not isinstance(values, torch.Tensor):
+        values = torch.tensor(values, dtype=x.dtype)
+    return aten.index_put(x, full, values, accumulate)
+
+
+def _copy_into(dst, src, *, mutates):
+    """copy_: ``dst`` (a graph input) written in place; its value is ``dst``."""
+    return dst.copy_(src) if isinstance(src, torch.Tensor) else dst.fill_(src)
+
+
 _UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt",
           "rsqrt", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh",
           "asinh", "acosh", "atanh", "sigmoid", "relu", "erf", "erfc", "reciprocal", "floor",
@@ -82,7 +138,8 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "softplus": lambda x, beta, threshold: F.softplus(x, beta, threshold),
     "elu": lambda x, alpha, scale, input_scale: aten.elu(x, alpha, scale, input_scale),
     "clamp": lambda x, min, max: torch.clamp(x, min, max),
-    "where": torch.where,
+    "where": lambda c, a, b: torch.where(c if isinstance(c, torch.Tensor) else torch.tensor(c),
+                                         a, b),  # a folded condition is a Python bool
     "copy": lambda x: x.clone(memory_format=torch.contiguous_format),
     "cast": lambda x, dtype: x.to(dtype),
     "full": _full,
@@ -102,6 +159,17 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "slice": _slice,
     "select": lambda x, dim, index: x.select(dim, index),
     "cat": lambda *xs, dim: torch.cat(xs, dim),
+    "gather": _gather,
+    "pad": _pad,
+    "arange": lambda *, start, end, step, dtype: torch.arange(start, end, step, dtype=dtype),
+    "copy_": _copy_into,
+    "scatter": _scatter,
+    "scatter_add": lambda x, index, src, *, dim: aten.scatter_add(x, dim, index, src),
+    "scatter_reduce": lambda x, index, src, *, dim, reduce, include_self: aten.scatter_reduce(
+        x, dim, index, src, reduce, include_self=include_self),
+    "index_put": _index_put,
+    "slice_scatter": lambda x, src, *, dim, start, end, step: aten.slice_scatter(
+        x, src, dim, start, end, step),
 }
 
 
@@ -109,7 +177,7 @@ def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
     """f(operand_values, syms) -> result for one tile op; sizes resolved per call."""
     fn = REFERENCE[op.op]
     attrs = dict(op.attrs)
-    if op.op == "full":
+    if op.op in ("full", "gather"):
         attrs["shape"] = op.out.shape
     keys = tuple(attrs)
     get_values = size_function(tuple(attrs.values()), symbols)

@@ -22,6 +22,7 @@ import torch
 from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp
+from ..lowering.indexing import STANDALONE_OPS
 from .capacity import TilePlan, domains_compatible, group_domain, plan_tile, pointwise_outputs
 from .roi import CostModel, RoiEstimate
 
@@ -112,6 +113,7 @@ class _Planner:
                 if p is not None and (id(p), id(node)) not in seen:
                     seen.add((id(p), id(node)))
                     self.edges.append((p, node))
+        self.edges += _write_after_read_edges(graph, producers, seen)
         # Compute ops reading the same value, or views of it: sibling candidates (a shared
         # read saved, or one kernel call for two: attention's Q and K copies from the QKV
         # projection's output).
@@ -135,7 +137,7 @@ class _Planner:
     def fusable(self, node: Node) -> bool:
         """Compute ops, reshapes (free inside a kernel: row-major order is kept), and cat
         where the hardware model's kernels take it (``hw.cat_in_kernels``)."""
-        return isinstance(node, TileOp) and (
+        return isinstance(node, TileOp) and node.op not in STANDALONE_OPS and (
             node.kind is not OpKind.LAYOUT or node.op == "view"
             or (node.op == "cat" and self.hw.cat_in_kernels))
 
@@ -148,8 +150,30 @@ class _Planner:
     def tile_plan(self, ops: list[TileOp]) -> TilePlan:
         key = tuple(sorted(id(op) for op in ops))
         if key not in self._tile_cache:
-            self._tile_cache[key] = plan_tile(ops, self.graph, self.hw, self.config.buffering)
+            # gathers read where they are used iterate no domain of their own: last, so the
+            # group's domain comes from the others (capacity.group_domain takes the first)
+            members = {id(op) for op in ops}
+            ordered = sorted(ops, key=lambda op: self.read_where_used(op, members))
+            self._tile_cache[key] = plan_tile(ordered, self.graph, self.hw,
+                                              self.config.buffering)
         return self._tile_cache[key]
+
+    def read_where_used(self, op: TileOp, members: set[int]) -> bool:
+        """A gather whose result only pointwise ops among ``members`` read, each broadcasting
+        it to a larger shape (a position embedding [1, S, D] added to [B, S, D]): a kernel
+        reads it where it is used, so it has no iteration domain of its own there."""
+        if op.op != "gather" or op.name in self.cost.graph_outputs:
+            return False
+        users = self.cost.users.get(op.name, [])
+        small = tuple(op.out.shape)
+        for user in users:
+            big = tuple(user.out.shape) if isinstance(user, TileOp) else ()
+            if id(user) not in members or not user.kind.injective \
+                    or user.op in ("gather", "pad", "copy_") or len(small) > len(big) \
+                    or self.graph.hint(op.out.numel) >= self.graph.hint(user.out.numel) \
+                    or any(s != 1 and s != b for s, b in zip(small[::-1], big[::-1])):
+                return False
+        return bool(users)
 
     def group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
         """(successors, predecessors) of every group."""
@@ -226,8 +250,14 @@ class _Planner:
         for op in merged:
             if op.kind is OpKind.MATMUL and any(a in defined for a in op.inputs):
                 return "matmul prologue not fused: the cube unit reads its operands from GM", None
-        acc = list(groups[0])
-        for ops in groups[1:]:
+            if op.op == "gather" and any(self.computed_in(a, defined) for a in op.inputs):
+                return "gather source or index not fused: an indexed read takes them from GM", None
+        members = {id(op) for op in merged}
+        free = {id(op) for op in merged if self.read_where_used(op, members)}
+        domain_groups = [g for g in ([op for op in ops if id(op) not in free] for ops in groups)
+                         if g]
+        acc = list(domain_groups[0])
+        for ops in domain_groups[1:]:
             why = domains_compatible(group_domain(acc, self.graph), group_domain(ops, self.graph),
                                      pointwise_outputs(acc), pointwise_outputs(ops))
             if why:
@@ -246,6 +276,15 @@ class _Planner:
             return (f"capacity: fused footprint {fused.footprint_bytes} B at tile "
                     f"{'x'.join(map(str, fused.tile_shape))} exceeds {fused.capacity_bytes} B"), roi
         return None, roi
+
+    def computed_in(self, name: str, defined: set[str]) -> bool:
+        """Whether ``name`` is computed by an op of ``defined``, seen through reshapes."""
+        while name in defined:
+            op = self.producers[name]
+            if op.op != "view":
+                return True
+            name = op.args[0]
+        return False
 
     # --- the greedy loop -------------------------------------------------------------
     def candidates(self):
@@ -347,6 +386,35 @@ class _Planner:
         )
 
 
+def _write_after_read_edges(graph: TileGraph, producers: dict, seen: set) -> list:
+    """Edges (reader -> copy_) making every other reader of a mutated input, or of a view
+    of it, run before the ``copy_`` that overwrites it (lowering/mutation.py)."""
+    copies = [n for n in graph.nodes if isinstance(n, TileOp) and n.op == "copy_"]
+    if not copies:
+        return []
+    readers: dict[str, list[Node]] = {}
+    views: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for name in dict.fromkeys(node.inputs):
+            readers.setdefault(name, []).append(node)
+        if isinstance(node, TileOp) and node.is_view and node.inputs:
+            views.setdefault(node.inputs[0], []).append(node.name)
+    edges = []
+    for copy in copies:
+        aliases, stack = set(), [copy.attrs["mutates"]]
+        while stack:
+            name = stack.pop()
+            if name not in aliases:
+                aliases.add(name)
+                stack += views.get(name, [])
+        for name in aliases:
+            for reader in readers.get(name, []):
+                if reader is not copy and (id(reader), id(copy)) not in seen:
+                    seen.add((id(reader), id(copy)))
+                    edges.append((reader, copy))
+    return edges
+
+
 def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPlan:
     planner = _Planner(graph, hw, config)
     decisions = planner.run()
@@ -357,6 +425,8 @@ def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPl
             steps.extend(ops)  # extern ops and standalone views run as they are
             continue
         tile = planner.make_tile(len(tiles), ops)
+        if not tile.outputs:  # nothing reads what it computes (a copy_ is always an output)
+            continue
         tiles.append(tile)
         steps.append(tile)
     single = [planner.cost.kernel_cost([op]) for op in graph.nodes

@@ -125,16 +125,36 @@ class CostModel:
                     inputs.append(name)
         outputs = [
             op.name for op in ops
-            if op.name in self.graph_outputs
+            if op.name in self.graph_outputs or op.op == "copy_"  # copy_: a write to an input
             or any(id(u) not in members for u in self.users.get(op.name, []))
         ]
         return inputs, outputs
+
+    def input_bytes(self, ops: list[TileOp], inputs: list[str]) -> int:
+        """Bytes the group reads: a gather's source only where it is read (at most one
+        element per result element), a copy_'s destination not at all."""
+        partial: dict[str, int] = {}  # input -> bytes read, for inputs read only so
+        whole: set[str] = set()
+        for op in ops:
+            for i, name in enumerate(op.args):
+                if not isinstance(name, str):
+                    continue
+                if op.op == "gather" and i == 0:
+                    partial[name] = partial.get(name, 0) + self.graph.hint(
+                        op.out.numel) * self.graph.specs[name].itemsize
+                elif not (op.op == "copy_" and i == 0):
+                    whole.add(name)
+        total = 0
+        for name in inputs:
+            full = self.read_bytes(name)
+            total += full if name in whole else min(full, partial.get(name, 0))
+        return total
 
     def kernel_cost(self, ops: list[TileOp]) -> KernelCost:
         if all(op.is_view for op in ops):
             return KernelCost(0, 0, 0, 0.0)  # a reshape between kernels is free
         inputs, outputs = self.boundary(ops)
-        gm = sum(self.read_bytes(n) for n in inputs) + sum(self.value_bytes[n] for n in outputs)
+        gm = self.input_bytes(ops, inputs) + sum(self.value_bytes[n] for n in outputs)
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         bias = (gemm_bias_add(ops, self.graph.specs, outputs)

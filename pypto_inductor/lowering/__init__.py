@@ -1,5 +1,6 @@
 """ATen FX graph -> TileGraph. Importing this package registers every lowering."""
-from . import layout, matmul, pointwise, reduction  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    composite, indexing, layout, matmul, mutation, pointwise, reduction)
 from .decompositions import decomposition_table
 from .graph import GraphNotLowerable, LoweringContext, lower_graph
 from .registry import LOWERINGS, Unsupported, lowered_op_names, register_lowering

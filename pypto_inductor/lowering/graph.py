@@ -30,6 +30,16 @@ SUPPORTED_DTYPES = {
 _NONDETERMINISTIC_TAG = torch.Tag.nondeterministic_seeded
 
 
+# Ops lowered as another op with the same arguments and result. lift_fresh_copy copies
+# a tensor constant lifted into the graph (make_fx records it after applying the
+# decomposition table, so the table cannot rewrite it).
+_LOWERED_AS = {torch.ops.aten.lift_fresh_copy.default: torch.ops.aten.clone.default}
+_LIFT = torch.ops.aten.lift_fresh_copy.default
+
+# The reason of an extern op the user listed in fallback_ops.
+FORCED = "forced by fallback_ops"
+
+
 class GraphNotLowerable(Exception):
     """The whole graph must run eagerly (e.g. a size symbol we cannot bind)."""
 
@@ -133,16 +143,20 @@ def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> Tile
         if node.op == "placeholder":
             spec = spec_of(val)
             if spec is None:
-                raise GraphNotLowerable(f"input {node.name} is neither a tensor nor a size")
+                raise GraphNotLowerable(
+                    f"input {node.name} is neither a tensor nor a size ({type(val).__name__})")
             graph.inputs.append(node.name)
             graph.specs[node.name] = spec
             env[node] = node.name if isinstance(spec, TensorSpec) else spec.expr
+        elif node.op == "get_attr":
+            env[node] = _graph_attribute(graph, gm, node)
         elif node.op == "call_function":
-            env[node] = _lower_node(ctx, node, env, config)
+            env[node] = lower_node(ctx, node, env, config)
         elif node.op == "output":
             graph.outputs = [_output_value(env, o) for o in node.args[0]]
         else:
-            raise GraphNotLowerable(f"unexpected FX node kind {node.op!r}")
+            raise GraphNotLowerable(f"node {node.name} is an FX {node.op!r} node ({node.target}), "
+                                    "which ATen graphs do not have")
 
     _drop_unused(graph, set(ctx.scalar_constants))
     bindings = _bind_symbols(graph, placeholders)
@@ -153,10 +167,38 @@ def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> Tile
             free |= sympy.sympify(e).free_symbols
     missing = free - set(bindings)
     if missing:
-        raise GraphNotLowerable(f"size symbols {sorted(map(str, missing))} are not input sizes")
+        raise GraphNotLowerable(f"size symbols {sorted(map(str, missing))} are not input sizes"
+                                + _first_use(gm, missing))
     graph.symbol_bindings = dict(sorted(bindings.items(), key=lambda kv: kv[0].name))
     graph.size_hints = _size_hints(gm, graph.symbol_bindings)
     return graph
+
+
+def _graph_attribute(graph: TileGraph, gm: fx.GraphModule, node: fx.Node):
+    """A get_attr node: a tensor constant becomes a graph constant (a value the runtime
+    holds and hands to kernels like an input); anything else (the subgraphs of a
+    higher-order op) is passed as it is to the extern op that uses it."""
+    value = gm
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    if isinstance(value, torch.Tensor):
+        graph.specs[node.name] = spec_of(value)
+        graph.constants[node.name] = value
+        return node.name
+    return value
+
+
+def _first_use(gm: fx.GraphModule, symbols: set) -> str:
+    """', first in node X (op)': the first node whose value has one of ``symbols``."""
+    for node in gm.graph.nodes:
+        spec = spec_of(node.meta.get("val"))
+        if spec is None:
+            continue
+        exprs = spec.shape + spec.stride if isinstance(spec, TensorSpec) else (spec.expr,)
+        if any(sympy.sympify(e).free_symbols & symbols for e in exprs):
+            what = op_name(node.target) if node.op == "call_function" else node.op
+            return f", first in node {node.name} ({what})"
+    return ""
 
 
 def _drop_unused(graph: TileGraph, names: set[str]) -> None:
@@ -186,7 +228,7 @@ def _output_value(env, o):
     return sym_expr(o)
 
 
-def _lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
+def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     target = node.target
     if target is operator.getitem:
         base, index = node.args
@@ -194,8 +236,16 @@ def _lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return _extern(ctx, node, env, "higher-order op: runs eagerly, calling its subgraphs")
     if not isinstance(target, torch._ops.OpOverload):
         return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
+    if target is _LIFT and isinstance(node.args[0], fx.Node) \
+            and node.args[0].op == "get_attr" and not _escapes(node):
+        # the graph only reads the lifted constant (ATen graphs here are functional):
+        # read the constant itself instead of a copy of it
+        return env[node.args[0]]
+    target = _LOWERED_AS.get(target, target)
 
     reason = _why_extern(node, target, config)
     if reason is None:
@@ -210,6 +260,19 @@ def _lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
             del ctx.graph.nodes[mark:]
             reason = str(e)
     return _extern(ctx, node, env, reason)
+
+
+def _escapes(node: fx.Node) -> bool:
+    """Whether the graph returns ``node``'s value or a view of it."""
+    stack = [node]
+    while stack:
+        for user in stack.pop().users:
+            if user.op == "output":
+                return True
+            if user.target is operator.getitem or (
+                    isinstance(user.target, torch._ops.OpOverload) and user.target.is_view):
+                stack.append(user)
+    return False
 
 
 def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
@@ -230,9 +293,12 @@ def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
 def _why_extern(node: fx.Node, target, config: Config) -> str | None:
     name = op_name(target)
     if config.forced_fallback(name):
-        return "forced by fallback_ops"
+        return FORCED
     if _NONDETERMINISTIC_TAG in target.tags:
-        return "random op: runs eagerly so results match PyTorch's generator"
+        # the table keeps random ops whole (lowering/decompositions.py), so this is the
+        # op eager calls, drawing from the same generator state in the same order
+        return "random op: no kernel of ours draws random numbers; its own ATen kernel " \
+               "runs eagerly and draws what eager draws"
     if target not in LOWERINGS:
         return "no lowering registered"
     for v in _tensor_vals(node):

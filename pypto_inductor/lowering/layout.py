@@ -112,13 +112,13 @@ def lower_slice(ctx, x, dim=0, start=None, end=None, step=1):
     start = sympy.Integer(0) if start is None else start
     if int(step) <= 0:
         raise Unsupported("slice with a non-positive step")
-    start = _clamp_index(start, size)
+    start = clamp_index(start, size)
     # The output length is known from the metadata; keep start and length symbolic.
     return _view(ctx, "slice", x, dim=dim, start=start, length=ctx.out_spec.shape[dim],
                  step=int(step))
 
 
-def _clamp_index(index, size):
+def clamp_index(index, size):
     if isinstance(index, (int, sympy.Integer)) and int(index) < 0:
         return sympy.Max(size + index, 0)
     if isinstance(index, (int, sympy.Integer)) and not isinstance(size, sympy.Integer):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sympy
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  registers prims.fma (Adam's update)
 
 from ..ir import OpKind
 from .registry import Unsupported, register_lowering
@@ -34,12 +35,59 @@ BINARY = {
     aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
     aten.bitwise_xor: "bitwise_xor", aten.atan2: "atan2", aten.remainder: "remainder",
     aten.fmod: "fmod", aten.copysign: "copysign", aten.fmax: "fmax", aten.fmin: "fmin",
-    aten.hypot: "hypot",
+    aten.hypot: "hypot", aten.true_divide: "div",
 }
+
+
+def folded(fn):
+    """A lowering whose 0-d result is computed at compile time when every operand is a
+    constant (a 0-d ``full`` or a Python number): the ATen op runs on 0-d tensors, so the
+    value is eager's, and consumers take it as a literal (``ctx.scalar_constants``). The
+    optimizers' ``lerp`` weights (``where(abs(w) >= 0.5, w - 1, w)``) fold away so."""
+    def lower(ctx, *args, **kwargs):
+        value = _constant_value(ctx, args, kwargs)
+        if value is None:
+            return fn(ctx, *args, **kwargs)
+        dtype = ctx.out_spec.dtype
+        name = ctx.emit("full", OpKind.ELEMENTWISE, (), value=value, dtype=dtype)
+        ctx.scalar_constants[name] = value
+        return name
+    return lower
+
+
+def _constant_value(ctx, args, kwargs):
+    out = ctx.out_spec
+    if out.shape != () or not isinstance(ctx.node.target, torch._ops.OpOverload):
+        return None
+    consts = []
+
+    def const(a):
+        if isinstance(a, str):
+            if a not in ctx.scalar_constants:
+                raise LookupError(a)
+            consts.append(a)
+            return torch.tensor(ctx.scalar_constants[a], dtype=ctx.spec(a).dtype)
+        if isinstance(a, sympy.Basic) or isinstance(a, (list, tuple)):
+            raise LookupError(a)
+        return a
+
+    try:
+        args = [const(a) for a in args]
+        kwargs = {k: const(v) for k, v in kwargs.items()}
+    except LookupError:
+        return None
+    if not consts:
+        return None
+    result = ctx.node.target(*args, **kwargs)
+    if not isinstance(result, torch.Tensor) or result.dtype != out.dtype or result.dim():
+        return None
+    value = result.item()
+    return bool(value) if out.dtype == torch.bool else value
 
 
 def _register_table(table: dict, arity: int) -> None:
     for aten_op, tile_op in table.items():
+        @folded
         def lower(ctx, *args, _op=tile_op, **kwargs):
             if arity == 2 and set(kwargs) == {"rounding_mode"}:
                 return ctx.pointwise(_op, args[:2], rounding_mode=kwargs["rounding_mode"])
@@ -71,12 +119,14 @@ def lower_round_decimals(ctx, x, *, decimals=0):
 
 
 @register_lowering(aten.add, aten.sub)
+@folded
 def lower_add_sub(ctx, a, b, alpha=1):
     op = ctx.aten_name  # "add" or "sub"
     return ctx.pointwise(op, (a, _scaled(ctx, b, alpha)))
 
 
 @register_lowering(aten.rsub)
+@folded
 def lower_rsub(ctx, a, b, alpha=1):
     """rsub(a, b, alpha) = b - alpha * a."""
     return ctx.pointwise("sub", (b, _scaled(ctx, a, alpha)))
@@ -160,6 +210,7 @@ def broadcast_shapes(a, b) -> tuple:
 
 
 @register_lowering(aten.where)
+@folded
 def lower_where(ctx, cond, a=None, b=None):
     if a is None:  # where.default(cond): the indices of true elements, data-dependent sizes
         raise Unsupported("where(cond) without values has data-dependent output sizes")
@@ -192,3 +243,36 @@ def lower_full(ctx, *args, **kwargs):
 @register_lowering(aten.full_like)
 def lower_full_like(ctx, x, fill_value, **kwargs):
     return ctx.emit("full", OpKind.ELEMENTWISE, (), value=fill_value, dtype=ctx.out_spec.dtype)
+
+
+@register_lowering(torch.ops.prims.fma)
+def lower_fma(ctx, a, b, c):
+    """fma(a, b, c) = a * b + c, rounded after the product as eager's (inductor prim) is."""
+    out = ctx.out_spec
+    shapes = [ctx.spec(x).shape for x in (a, b) if isinstance(x, str)]
+    shape = broadcast_shapes(*shapes) if len(shapes) == 2 else (shapes[0] if shapes else ())
+    product = ctx.pointwise("mul", (a, b), out=ctx.new_spec(shape, _result_type(ctx, a, b)))
+    return ctx.pointwise("add", (product, c), out=out)
+
+
+def _result_type(ctx, a, b) -> torch.dtype:
+    def meta(x):
+        if isinstance(x, str):
+            x = ctx.scalar_constants.get(x, x)
+        if isinstance(x, str):
+            spec = ctx.spec(x)
+            return torch.empty((1,) * len(spec.shape), dtype=spec.dtype, device="meta")
+        return x
+    return torch.result_type(meta(a), meta(b))
+
+
+@register_lowering(aten.arange)
+def lower_arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    """arange(end), arange(start, end), arange(start, end, step): an ``arange`` tile op,
+    ``start + step * i`` in the result dtype (bounds may be size expressions)."""
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args[:2], 1) \
+        if len(args) == 2 else args[:3]
+    if any(isinstance(v, str) for v in (start, end, step)):
+        raise Unsupported("arange with tensor bounds")
+    return ctx.emit("arange", OpKind.ELEMENTWISE, (), start=start, end=end, step=step,
+                    dtype=ctx.out_spec.dtype)

@@ -29,7 +29,7 @@ from .analysis import analyse
 from .emit_columns import ColumnEmitter
 from .emit_rows import RowEmitter
 from .launcher import native_kernel
-from .ops import NotEmittable
+from .ops import EmitError, NotEmittable, current_op
 from .program import SYMBOL, NotNative, Program
 
 __all__ = ["build", "build_many", "check_available", "analyse", "generate_source", "NotNative",
@@ -56,6 +56,9 @@ def generate_source(program: Program) -> str:
         return RowEmitter(program).source()
     except NotEmittable as e:
         raise NotNative(str(e)) from e
+    except Exception as e:  # a bug here: say which tile op the kernel failed on
+        raise EmitError(f"C++ emitter failed on {current_op[0] or 'the tile'}: "
+                        f"{type(e).__name__}: {e}") from e
 
 
 def build(tile: FusionTile, graph: TileGraph) -> Kernel:

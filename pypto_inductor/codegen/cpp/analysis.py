@@ -27,17 +27,10 @@ from ...sizes import is_symbolic
 from ...sizes import numel as _numel
 from ...sizes import same_shape as _same_shape
 from ...sizes import same_size as _same
+from .indexing import IndexCheck, IndexingMixin
 from .ops import OPS
-from .program import DTYPES, Access, Lit, Node, NotNative, Program
+from .program import DTYPES, Access, Lit, Node, NotNative, Program, dim_mult
 from .reduction import ReductionAnalysis
-
-
-def _dim_mult(entry) -> tuple:
-    """(input dim or None, stride multiplier) of an ``Access.dims`` entry: an int, None,
-    or (input dim, multiplier) for the outer half of a split dim."""
-    if isinstance(entry, tuple):
-        return entry
-    return entry, 1
 
 
 def _core(shape) -> tuple:
@@ -64,7 +57,7 @@ def _unit_dims_map(shape, vshape, vdims):
     return tuple(out) if k == len(big) else None
 
 
-class _Analyser(ReductionAnalysis):
+class _Analyser(IndexingMixin, ReductionAnalysis):
     def __init__(self, tile: FusionTile, graph: TileGraph):
         self.tile, self.graph = tile, graph
         self.nodes: list[Node] = []
@@ -84,10 +77,14 @@ class _Analyser(ReductionAnalysis):
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
         self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
+        self.origin = ""  # the tile op being lowered (Node.origin)
+        self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
+        self.copies: dict[str, str] = {}  # copy_ op -> the input it writes
+        self.where_used: set[str] = set()  # gathers read where used (cpp_indexing)
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
-        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape)
+        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape, self.origin)
         self.nodes.append(n)
         return n
 
@@ -144,7 +141,8 @@ class _Analyser(ReductionAnalysis):
             if _same(_numel(shape), rows):
                 return ("drop", shape, shape + tail, 0)
             if m == 1 and shape and _same(_numel(shape), _numel(D)):
-                return ("col", shape, self.split_last(shape), 0)
+                core = _core(shape)  # trailing 1s (a gather's [N, 1]) cut, as pointwise
+                return ("col", shape, self.split_last(core), len(shape) - len(core))
         raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
                         f"{list(D)}" + (f" reducing its last {m} dims" if m else ""))
 
@@ -163,6 +161,16 @@ class _Analyser(ReductionAnalysis):
     def load(self, name: str, ctx: tuple, dims=None) -> Node:
         """The input ``name`` read in ``ctx``; ``dims`` maps the op's dims to input dims
         (default: the input broadcast to the op's shape, aligned right)."""
+        k = self.access(name, ctx, dims)
+        key = (name, self.access_list[k])
+        if key not in self.loads:
+            level = "col" if ctx[0] == "col" else "row"
+            spec = self.graph.specs[name]
+            self.loads[key] = self.node("load", level, [], spec.dtype, spec.shape, access=k)
+        return self.loads[key]
+
+    def access(self, name: str, ctx: tuple, dims=None) -> int:
+        """The index of the :class:`Access` reading input ``name`` in ``ctx`` (see load)."""
         kind, shape, frame, cut = ctx
         spec = self.graph.specs[name]
         q = len(spec.shape)
@@ -197,12 +205,7 @@ class _Analyser(ReductionAnalysis):
         if access not in self.accesses:
             self.accesses[access] = len(self.access_list)
             self.access_list.append(access)
-        key = (name, access)
-        if key not in self.loads:
-            level = "col" if kind == "col" else "row"
-            self.loads[key] = self.node("load", level, [], spec.dtype, spec.shape,
-                                        access=self.accesses[access])
-        return self.loads[key]
+        return self.accesses[access]
 
     def operand(self, a, ctx: tuple):
         if not isinstance(a, str):
@@ -212,6 +215,8 @@ class _Analyser(ReductionAnalysis):
         kind, out_shape = ctx[:2]
         if a in self.deferred:
             return self.lower_part(a)
+        if a in self.where_used:  # a broadcast gather, read at this op's elements
+            return self.lower_gather_at(a, ctx)
         if a in self.input_views:  # a tile input seen through a view adding/removing 1s
             src, vshape, vdims = self.input_views[a]
             if len(vshape) > len(out_shape):
@@ -287,7 +292,9 @@ class _Analyser(ReductionAnalysis):
             if dt not in DTYPES:
                 raise NotNative(f"dtype {dt} is not in the native slice")
         self.deferred = self.cat_part_ops()
-        dom_ops = [op for op in tile.ops if op.name not in self.deferred]
+        self.where_used = self.gathers_read_where_used()
+        dom_ops = [op for op in tile.ops if op.name not in self.deferred
+                   and op.name not in self.where_used]
         dom = group_domain(dom_ops, graph)
         self.D = tuple(dom.shape)
         n = len(self.D)
@@ -332,7 +339,8 @@ class _Analyser(ReductionAnalysis):
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
                        [graph.specs[i] for i in tile.inputs], outputs,
                        [self.classify(a, along) for a in self.access_list], graph.symbols,
-                       list(self.cat_bounds or []), self.perm is not None)
+                       list(self.cat_bounds or []), self.perm is not None, list(self.checks),
+                       self.direct_writes(outputs))
 
     # --- cat along the columns --------------------------------------------------------
     def cat_part_ops(self) -> set:
@@ -347,7 +355,7 @@ class _Analyser(ReductionAnalysis):
         for op in reversed(self.tile.ops):
             if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) \
                     and op.name not in self.tile.outputs and users[op.name] \
-                    and all(u.op == "cat" or u.name in out for u in users[op.name]):
+                    and all(u.op in ("cat", "pad") or u.name in out for u in users[op.name]):
                 out.add(op.name)
         return out
 
@@ -355,7 +363,9 @@ class _Analyser(ReductionAnalysis):
         """A deferred op (see :meth:`cat_part_ops`) at the current cat part's columns."""
         key = (name, self.shift)
         if key not in self.part_env:
+            origin = self.origin
             self.part_env[key] = self.lower(self.ops[name])
+            self.origin = origin
         return self.part_env[key]
 
     def lower_cat(self, op: TileOp, ctx: tuple) -> Node:
@@ -364,27 +374,37 @@ class _Analyser(ReductionAnalysis):
         where the cat is that part's value; every column cat of a tile splits alike.
         Along a row dim d of the domain: each part's row index is i_d - offset clamped into
         the part (in bounds), and the cat selects on i_d (constant along the row)."""
-        shape, dim = tuple(op.out.shape), op.attrs["dim"]
+        if not all(isinstance(a, str) for a in op.args):
+            raise NotNative("cat of a scalar")
+        dim = op.attrs["dim"]
+        parts = [(a, self.graph.specs[a].shape[dim]) for a in op.args]
+        nonempty = [(a, n) for a, n in parts if not _same(n, 0)]
+        return self.lower_parts(op, ctx, dim, nonempty or parts[:1])  # empty parts: never read
+
+    def lower_parts(self, op: TileOp, ctx: tuple, dim: int, parts: list) -> Node:
+        """The cat of ``parts`` ((value name or Lit, length along ``dim``), see lower_cat)
+        as the result of ``op`` (a cat, or a pad whose fills are Lit parts)."""
+        shape = tuple(op.out.shape)
         kind, _, frame, cut = ctx
         n = len(self.D)
         row = dim < len(shape) - 1  # along a leading dim: a select on the row index
         if self.shift is not None or kind != "col" or cut or tuple(frame) != shape or (
                 row and (not _same_shape(shape, self.D) or dim >= n - max(self.m_red, 1))) \
                 or (not row and (not _same(shape[-1], self.D[-1]) or self.m_red > 1)):
-            raise NotNative(f"cat along dim {dim} of {list(shape)} is not native yet "
+            raise NotNative(f"{op.op} along dim {dim} of {list(shape)} is not native yet "
                             f"(only along the tile's columns or its row dims)")
-        if not all(isinstance(a, str) for a in op.args):
-            raise NotNative("cat of a scalar")
-        parts = [a for a in op.args if not _same(self.graph.specs[a].shape[dim], 0)]
         args, bounds, off = [], [], sympy.Integer(0)
-        for a in parts or op.args[:1]:  # empty parts are never read
-            part = tuple(self.graph.specs[a].shape)
-            self.shift = (dim, off, shape)
-            try:
-                args.append(self.operand(a, self.context(part)))
-            finally:
-                self.shift = None
-            off = off + sympy.sympify(part[dim])
+        for a, length in parts:
+            if isinstance(a, Lit):  # a pad's fill
+                args.append(a)
+            else:
+                part = tuple(self.graph.specs[a].shape)
+                self.shift = (dim, off, shape)
+                try:
+                    args.append(self.operand(a, self.context(part)))
+                finally:
+                    self.shift = None
+            off = off + sympy.sympify(length)
             bounds.append(off)
         bounds = bounds[:-1]
         if row:  # each part's rows read clamped into it, the select per row
@@ -436,7 +456,7 @@ class _Analyser(ReductionAnalysis):
         contiguous = 1
         for d in reversed(dims):
             size = hint(self.D[d])
-            j, mult = _dim_mult(a.dims[d + shift])
+            j, mult = dim_mult(a.dims[d + shift])
             es = 0 if j is None or hint(spec.shape[j]) == 1 else \
                 hint(spec.stride[j]) * hint(mult)
             if size != 1:
@@ -446,11 +466,16 @@ class _Analyser(ReductionAnalysis):
         return "unit" if unit else "bcast" if bcast else "strided"
 
     def lower(self, op: TileOp) -> Node | None:
+        self.origin = f"{op.name} ({op.op})"
         if op.op == "view":
             return self.lower_view(op)
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
+        lower = {"gather": self.lower_gather, "pad": self.lower_pad, "copy_": self.lower_copy_,
+                 "arange": self.lower_arange}.get(op.op)
+        if lower is not None:
+            return lower(op, ctx)
         if op.kind is OpKind.REDUCTION:
             return self.lower_reduction(op, ctx)
         if op.kind not in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import sympy
 
-from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, identity, load,
-                  size, store)
+from .indexing import gather_address, index_prologue, iota
+from .ops import (EXTRA_PRELUDE, STORAGE, conv, ctype, expression, finalize, identity, literal,
+                  load, number, size, store)
 from .prelude import PRELUDE
-from .program import NotNative
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
@@ -74,13 +74,18 @@ class RowEmitter:
         w(f"  const int64_t R = {rows}, C = {cols};")
         off = 0
         offsets = []
+        # a copy_ written straight into its input: that input and output alias
+        writes = getattr(p, "writes", {})
+        aliased = {wr.input for wr in writes.values() if wr.direct}
         for k, spec in enumerate(p.input_specs):
-            w(f"  const {STORAGE[spec.dtype]}* __restrict__ in{k} = "
+            r = "" if k in aliased else " __restrict__"
+            w(f"  const {STORAGE[spec.dtype]}*{r} in{k} = "
               f"(const {STORAGE[spec.dtype]}*)ptrs[{k}];")
             offsets.append(off)
             off += 2 * len(spec.shape)
         for k, (_, spec) in enumerate(p.outputs):
-            w(f"  {STORAGE[spec.dtype]}* __restrict__ out{k} = "
+            r = "" if k in writes and writes[k].direct else " __restrict__"
+            w(f"  {STORAGE[spec.dtype]}*{r} out{k} = "
               f"({STORAGE[spec.dtype]}*)ptrs[{len(p.input_specs) + k}];")
         for k, a in enumerate(p.accesses):
             q = len(p.input_specs[a.input].shape)
@@ -96,6 +101,7 @@ class RowEmitter:
             if a.row_shift:  # a row cat's part: its first index and length along the dim
                 e, off = a.row_shift
                 w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
+        self.lines += index_prologue(p, offsets)
 
     def source(self) -> str:
         p, n = self.p, self.n
@@ -205,13 +211,19 @@ class RowEmitter:
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
             rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
         elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
-            rhs = conv(self.var(x.args[-1]), x.args[-1].dtype, x.dtype)
+            rhs = self.part(x, x.args[-1])
             for s in range(len(x.args) - 2, -1, -1):
-                a = conv(self.var(x.args[s]), x.args[s].dtype, x.dtype)
-                rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {a} : {rhs})"
+                rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {self.part(x, x.args[s])} : {rhs})"
         elif x.kind == "op" and x.attrs["op"] == "cat":  # this segment's part
-            a = x.args[self.seg]
-            rhs = conv(self.var(a), a.dtype, x.dtype)
+            rhs = self.part(x, x.args[self.seg])
+        elif x.kind == "gather":  # an indexed read (indexing.py)
+            k = x.attrs["access"]
+            inp = self.p.accesses[k].input
+            address = gather_address(x, self.var, self.col_offset(k, path) if col else None)
+            rhs = load(f"in{inp}[{address}]", self.p.input_specs[inp].dtype)
+        elif x.kind == "iota":  # arange: start + step * (the element's flat index)
+            rhs = finalize(iota(x.attrs["start"], x.attrs["step"], x.dtype, "(r * C + c)",
+                                number), x.dtype)
         elif x.id in self.stored:
             rhs = f"sc{x.id}[c]"
         else:
@@ -220,6 +232,12 @@ class RowEmitter:
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
             self.storing.add(x.id)
+
+    def part(self, x, a) -> str:
+        """A cat part's value in the cat's dtype (a pad's fill is a literal)."""
+        if hasattr(a, "id"):
+            return conv(self.var(a), a.dtype, x.dtype)
+        return finalize(literal(a.value, x.dtype), x.dtype)
 
     def col_offset(self, k: int, path: str) -> str:
         p = self.p
@@ -337,7 +355,10 @@ class RowEmitter:
                         self.w(f"      nan{x.id} |= nan{x.id}_{k};")
 
     def calls_math(self, x) -> bool:
-        """Whether computing x calls a prelude math function (pi_exp, ...)."""
+        """Whether computing x calls a prelude math function (pi_exp, ...). A cat only
+        selects one of its parts (whose own costs count where they are computed)."""
+        if x.kind == "op" and x.attrs["op"] == "cat":
+            return False
         return x.kind in ("expr", "op") and "pi_" in expression(x, self.var)
 
     def cache_costly_values(self) -> None:

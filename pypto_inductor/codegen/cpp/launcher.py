@@ -16,33 +16,50 @@ import torch
 from ...sizes import size_function
 from .. import Kernel
 from . import alloc, native_call
+from .indexing import error_class
 from .program import Program
 
 
-def wrapper_source(n_in: int, n_out: int, extension: bool) -> str:
+def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None = None,
+                   status: bool = False) -> str:
     """The Python wrapper of a native kernel with n_in inputs and n_out outputs, written
     out straight: no loops or comprehensions on the per-call path (each of those costs a
     frame in CPython 3.11, and most of a small kernel's budget is the wrapper). It calls
     the kernel through the extension (:mod:`.native_call`), or through ctypes with a
     pointer array kept per kernel (one per call in flight) and filled in place (cheaper
     than building one per call: docs/runtime_overhead.md)."""
+    writes = writes or {}  # copy_ outputs (indexing.DirectWrite): the input they write
     ins = [f"i{j}" for j in range(n_in)]
-    outs = [f"o{j}" for j in range(n_out)]
+    outs = [f"o{j}" for j in range(n_out)] + (["status"] if status else [])
     key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
     lines = ["def kernel(inputs, syms, empty=empty):",
              f"    {', '.join(ins)}{',' if n_in == 1 else ''} = inputs" if ins else "    pass",
              f"    meta = layouts.get(({key},))",
              "    if meta is None:",
-             "        meta = layout(inputs, syms)",
-             *(f"    {o} = empty(meta[{2 + j}], dt{j})" for j, o in enumerate(outs))]
+             "        meta = layout(inputs, syms)"]
+    for j, o in enumerate(outs):
+        wr = writes.get(j)
+        if wr is not None and wr.direct:  # written in place when the input is contiguous
+            lines.append(f"    {o} = i{wr.input} if i{wr.input}.is_contiguous() else "
+                         f"empty(meta[{2 + j}], dt{j})")
+        else:
+            lines.append(f"    {o} = empty(meta[{2 + j}], dt{j})")
     if extension:
-        lines.append(f"    call(address, ({', '.join(ins + outs)},), meta[0], meta[1], threads())")
+        lines.append(f"    call(address, ({''.join(f'{t}, ' for t in ins + outs)}), meta[0], "
+                     "meta[1], threads())")
     else:
         lines += ["    ptrs = spare.pop() if spare else Ptrs()",
                   *(f"    ptrs[{j}] = {t}.data_ptr()" for j, t in enumerate(ins + outs)),
                   "    fn(ptrs, meta[0], meta[1], threads())",
                   "    spare.append(ptrs)"]
-    lines.append(f"    return [{', '.join(outs)}]")
+    if status:  # an index out of range: the kernel stopped before reading through it
+        lines += ["    if status[0]:", "        raise_index_error(int(status[0]))"]
+    results = list(outs[:n_out])
+    for j, wr in writes.items():
+        lines.append(f"    if {outs[j]} is not i{wr.input}:")
+        lines.append(f"        i{wr.input}.copy_({outs[j]})")
+        results[j] = f"i{wr.input}"
+    lines.append(f"    return [{', '.join(results)}]")
     return "\n".join(lines) + "\n"
 
 
@@ -53,7 +70,17 @@ def native_kernel(fn, program: Program) -> Kernel:
     fn.restype = None
     shapes = [size_function(tuple(spec.shape), program.symbols) for _, spec in program.outputs]
     n_in, n_out = len(program.input_specs), len(shapes)
-    Ptrs = ctypes.c_void_p * max(n_in + n_out, 1)
+    dtypes = [spec.dtype for _, spec in program.outputs]
+    checks = program.checks
+    if checks:  # the status of the index scan (indexing.index_prologue)
+        shapes.append(lambda syms: (1,))
+        dtypes.append(torch.int64)
+
+    def raise_index_error(code: int):
+        check = checks[code - 1]
+        raise error_class(check.error)(check.message)
+
+    Ptrs = ctypes.c_void_p * max(n_in + len(shapes), 1)
     Meta = ctypes.c_int64 * max(sum(2 * len(s.shape) for s in program.input_specs), 1)
     Syms = ctypes.c_int64 * max(len(program.symbols), 1)
     call = native_call.extension_call()
@@ -75,8 +102,10 @@ def native_kernel(fn, program: Program) -> Kernel:
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
              "call": call, "address": ctypes.cast(fn, ctypes.c_void_p).value,
              "threads": torch.get_num_threads, "empty": alloc.empty,
-             **{f"dt{j}": spec.dtype for j, (_, spec) in enumerate(program.outputs)}}
+             "raise_index_error": raise_index_error,
+             **{f"dt{j}": dt for j, dt in enumerate(dtypes)}}
     # our own template, no user text
-    exec(wrapper_source(n_in, n_out, call is not None), scope)  # noqa: S102
+    exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks)),  # noqa: S102
+         scope)
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
     return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program)

@@ -91,6 +91,15 @@ def literal(v, dt) -> str:
     return f"(({ct})({text}))" if ct != "bool" else f"((bool)({text}))"
 
 
+def number(v) -> str:
+    """A C++ numeric literal of a Python number or sympy size expression (full precision)."""
+    if is_symbolic(v) or isinstance(v, sympy.Basic) and not isinstance(v, sympy.Float):
+        return size(v)
+    if isinstance(v, (bool, int)):
+        return f"{int(v)}LL"
+    return repr(float(v))
+
+
 def _pow(a, n):
     x, y = a
     e = n.args[1]
@@ -171,12 +180,22 @@ class NotEmittable(Exception):
     pass
 
 
+class EmitError(RuntimeError):
+    """The C++ emitter failed; the message names the tile op it was writing."""
+
+
+current_op: list = [None]  # the tile op whose node is being written, for EmitError
+
+
 def expression(n, var) -> str:
     """The right-hand side computing node n (not reduce/load)."""
+    current_op[0] = n.origin or current_op[0]
     if n.kind == "expr":
         args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
         return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
     common = n.attrs["common"]
+    if n.attrs["op"] not in OPS:
+        raise NotEmittable(f"tile op {n.attrs['op']} ({n.origin}) has no C++ form here")
     if n.attrs["op"] in FLOAT_ONLY and ctype(common) != "float":
         raise NotEmittable(f"{n.attrs['op']} on {common}")
     args = []

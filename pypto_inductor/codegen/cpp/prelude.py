@@ -115,3 +115,24 @@ template <typename T> PI_INLINE T pi_min(T a, T b) { return (a < b || a != a) ? 
 template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
 template <typename T> PI_INLINE T pi_sign(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
 """
+
+# Index scans (codegen/cpp_indexing.py): whether any index of an input with `nd` dims
+# (sizes then strides at `meta`) lies outside [0, bound), or [-bound, bound) when `wrap`.
+PRELUDE += r"""
+template <typename T>
+static bool pi_index_bad(const T* p, const int64_t* meta, int nd, int64_t bound, bool wrap) {
+  int64_t n = 1, off = 0, pos[16] = {0};
+  for (int d = 0; d < nd; ++d) n *= meta[d];
+  const int64_t lo = wrap ? -bound : 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t v = (int64_t)p[off];
+    if (v < lo || v >= bound) return true;
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++pos[d] < meta[d]) { off += meta[nd + d]; break; }
+      off -= (meta[d] - 1) * meta[nd + d];
+      pos[d] = 0;
+    }
+  }
+  return false;
+}
+"""

@@ -39,6 +39,7 @@ class Node:
     dtype: torch.dtype | None  # the value's dtype (results are rounded to it); None = fp32 math
     attrs: dict
     shape: tuple | None = None
+    origin: str = ""  # the tile op it computes, e.g. "add_3 (add)", for error messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +78,13 @@ class Program:
     # moved last, so rows are the kept dims; the kernel walks memory rows and keeps one
     # accumulator per kept element (emit_columns)
     transposed: bool = False
+    checks: list = dataclasses.field(default_factory=list)  # indexing.IndexCheck
+    writes: dict = dataclasses.field(default_factory=dict)  # output -> indexing.DirectWrite
+
+
+def dim_mult(entry) -> tuple:
+    """(input dim or None, stride multiplier) of an ``Access.dims`` entry: an int, None,
+    or (input dim, multiplier) for the outer half of a split dim."""
+    if isinstance(entry, tuple):
+        return entry
+    return entry, 1

@@ -32,8 +32,9 @@ class ReductionAnalysis:
         if n - 1 in axes:
             raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
                             "only the innermost ones")
-        if any(op.op in ("view", "cat", "full") for op in tile.ops):
-            raise NotNative("a column reduction with views or cats inside is not native yet")
+        if any(op.op in ("view", "cat", "full", "gather", "pad", "arange") for op in tile.ops):
+            raise NotNative("a column reduction with views, cats, gathers, pads or aranges "
+                            "inside is not native yet")
         self.D0, self.axes = self.D, axes
         self.kept = tuple(d for d in range(n) if d not in axes)
         self.perm = self.kept + axes

@@ -15,7 +15,7 @@ body once per row tile of ``tr`` rows::
 
 Values that do not span the rows (a bias (1, C), a weight (K, N)) are used
 whole in every iteration. Every output must span the rows. With dynamic
-columns too, the column passes of :mod:`.pypto_columns` run inside this loop
+columns too, the column passes of :mod:`.columns` run inside this loop
 and views take both offsets (:func:`view`). The kernel's
 parameters record the dynamic dim by name (``("R", C)``) and their graph shapes
 as size expressions, so :meth:`.PyptoKernel.at_sizes` and the launcher size

@@ -1,0 +1,265 @@
+"""``python -m benchmarks.fuzz --cases 5000 --seed S``: the long differential fuzz run.
+
+Case ``i`` is ``tests.fuzz.generator.generate(S + i)``, run in every configuration
+(targets cpu and reference, static and dynamic=True at two sizes; backward where
+the case has it) and compared with eager by ``tests/fuzz/check.py``'s rule.
+Cases run in worker processes (``--jobs``), so a native crash or a hang
+(``--timeout``) is recorded against its case and the run goes on. Every failure
+is shrunk and written as a standalone repro under ``--out``. The summary counts
+cases, configurations, crashes and mismatches by category; ``--markdown PATH``
+puts it between the result markers of PATH (docs/fuzz.md), ``--json PATH`` keeps
+every case's record.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+MARK = "@@fuzz "
+START, END = "<!-- fuzz-results:start -->", "<!-- fuzz-results:end -->"
+
+
+# --- worker ------------------------------------------------------------------------------
+def _worker(out: Path, shrink_s: float) -> None:
+    """Reads seeds from stdin, writes one JSON record per case to stdout."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from tests.fuzz.runner import run_case
+
+    for line in sys.stdin:
+        seed = int(line)
+        try:
+            r = run_case(seed, shrink_budget_s=shrink_s, repro_dir=out, shrinks_per_key=20)
+            record = {"seed": seed, "statements": len(r.program.statements),
+                      "families": sorted(r.families), "backward": r.program.backward,
+                      "special": r.program.special, "seconds": round(r.seconds, 2),
+                      "failures": r.failures}
+        except Exception as e:  # noqa: BLE001 - the fuzzer itself broke on this seed
+            record = {"seed": seed, "error": f"{type(e).__name__}: {e}"}
+        print(MARK + json.dumps(record), flush=True)
+
+
+# --- driver -----------------------------------------------------------------------------
+class Worker:
+    def __init__(self, args):
+        env = {**os.environ, "PYPTO_INDUCTOR_NO_CALIBRATE": "1",
+               "PYPTO_INDUCTOR_COMPILE_JOBS": "1", "PYTHONPATH": os.getcwd()}
+        cmd = [sys.executable, "-m", "benchmarks.fuzz", "--worker", "--out", str(args.out),
+               "--shrink-seconds", str(args.shrink_seconds)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                self.lines.put(json.loads(line[len(MARK):]))
+        self.lines.put(None)  # the process ended
+
+    def run(self, seed: int, timeout: float) -> dict:
+        self.proc.stdin.write(f"{seed}\n")
+        self.proc.stdin.flush()
+        try:
+            record = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.proc.kill()
+            return {"seed": seed, "process": f"timeout after {timeout:.0f} s"}
+        if record is None:
+            code = self.proc.wait()
+            return {"seed": seed, "process": f"worker died (exit code {code})"}
+        return record
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self):
+        if self.alive:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def _drive(args) -> list[dict]:
+    seeds = queue.Queue()
+    for i in range(args.cases):
+        seeds.put(args.seed + i)
+    records, lock = [], threading.Lock()
+    start = time.monotonic()
+
+    def loop():
+        worker = Worker(args)
+        while True:
+            try:
+                seed = seeds.get_nowait()
+            except queue.Empty:
+                break
+            record = worker.run(seed, args.timeout)
+            if not worker.alive:
+                worker = Worker(args)
+            with lock:
+                records.append(record)
+                done = len(records)
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+            bad = record.get("failures") or record.get("process") or record.get("error")
+            if bad or done % 50 == 0:
+                print(f"[{done}/{args.cases} {time.monotonic() - start:.0f}s] seed {seed}: "
+                      f"{_one_line(record)}", flush=True)
+        worker.close()
+
+    threads = [threading.Thread(target=loop) for _ in range(args.jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(records, key=lambda r: r["seed"])
+
+
+def _one_line(record: dict) -> str:
+    if "process" in record or "error" in record:
+        return record.get("process") or record["error"][:200]
+    if not record["failures"]:
+        return "ok"
+    f = record["failures"][0]
+    return (f"{len(record['failures'])} failure(s); {f['kind']} on {f['target']} "
+            f"{'dynamic' if f['dynamic'] else 'static'}: {f['message'][:160]}")
+
+
+# --- summary ----------------------------------------------------------------------------
+def signature(f: dict) -> str:
+    """Groups failures that are likely one bug: crash message shape, or the ops of the
+    shrunk program."""
+    if f["kind"] == "crash":
+        from tests.fuzz.runner import failure_key
+
+        return failure_key(f)
+    source = f.get("shrunk") or ""
+    calls = sorted(set(re.findall(r"(?:torch\.|F\.|\.)(\w+)\(", source)) - {"shape"})
+    return "mismatch: " + (" ".join(calls) or "?")
+
+
+def summarize(records: list[dict], args, seconds: float) -> str:
+    cases = [r for r in records if "failures" in r]
+    broken = [r for r in records if "failures" not in r]
+    n_configs = 4
+    lines = []
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    commit = os.environ.get("FUZZ_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines.append(f"Run {when} on {platform.node() or 'this machine'} ({os.cpu_count()} CPUs), "
+                 f"commit {commit}, {seconds / 3600:.1f} h: "
+                 f"`python -m benchmarks.fuzz --cases {args.cases} --seed {args.seed}`.\n")
+    backward = sum(r["backward"] for r in cases)
+    special = sum(r["special"] for r in cases)
+    failing = [r for r in cases if r["failures"]]
+    fails = [f for r in cases for f in r["failures"]]
+    ours = [f for f in fails if not f.get("upstream")]
+
+    def count(kind, target=None, dynamic=None, upstream=False):
+        return len({(f["seed"], f["target"], f["dynamic"]) for f in fails
+                    if f["kind"] == kind and bool(f.get("upstream")) == upstream
+                    and (target is None or f["target"] == target)
+                    and (dynamic is None or f["dynamic"] == dynamic)})
+
+    for r in cases:
+        for f in r["failures"]:
+            f["seed"] = r["seed"]
+    lines += [
+        "| | count |", "| --- | --- |",
+        f"| cases (programs of 3-15 ops) | {len(cases)} |",
+        f"| compiled configurations run (cpu, reference) x (static, dynamic) | "
+        f"{len(cases) * n_configs} |",
+        f"| size variants checked (static 1, dynamic 2) | {len(cases) * 6} |",
+        f"| cases with backward (gradients compared) | {backward} |",
+        f"| cases with special input values | {special} |",
+        f"| cases with a failure (any configuration) | {len(failing)} |",
+        f"| crashes (case x configuration) | {count('crash')} |",
+        f"| mismatches (case x configuration) | {count('mismatch')} |",
+        f"| upstream (decomposed eager fails alike): crashes / mismatches | "
+        f"{count('crash', upstream=True)} / {count('mismatch', upstream=True)} |",
+        f"| worker deaths / timeouts / generator errors | "
+        f"{sum('died' in r.get('process', '') for r in broken)} / "
+        f"{sum('timeout' in r.get('process', '') for r in broken)} / "
+        f"{sum('error' in r for r in broken)} |",
+        "",
+        "| configuration | crashes | mismatches |", "| --- | --- | --- |",
+    ]
+    for target in ("cpu", "reference"):
+        for dynamic in (False, True):
+            lines.append(f"| {target} {'dynamic' if dynamic else 'static'} | "
+                         f"{count('crash', target, dynamic)} | "
+                         f"{count('mismatch', target, dynamic)} |")
+    lines += ["", "| op family | cases | cases failing |", "| --- | --- | --- |"]
+    by_family = collections.Counter(fam for r in cases for fam in r["families"])
+    failing_family = collections.Counter(fam for r in cases
+                                         if any(not f.get("upstream") for f in r["failures"])
+                                         for fam in r["families"])
+    for fam, n in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {fam} | {n} | {failing_family[fam]} |")
+    lines.append(f"| backward | {backward} | "
+                 f"{sum(1 for r in failing if r['backward'])} |")
+    lines.append(f"| special values | {special} | "
+                 f"{sum(1 for r in failing if r['special'])} |")
+    groups = collections.defaultdict(set)
+    for f in ours:
+        groups[signature(f)].add(f["seed"])
+    if groups:
+        lines += ["", "| failure signature (shrunk) | cases | seeds (first 6) |",
+                  "| --- | --- | --- |"]
+        for sig, seeds in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"| {sig.replace('|', '/')} | {len(seeds)} | "
+                         f"{', '.join(map(str, sorted(seeds)[:6]))} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_markdown(path: Path, text: str) -> None:
+    doc = path.read_text() if path.exists() else f"{START}\n{END}\n"
+    if START not in doc:
+        doc += f"\n{START}\n{END}\n"
+    head, rest = doc.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    path.write_text(f"{head}{START}\n{text}{END}{tail}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=int, default=5000)
+    p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    p.add_argument("--shrink-seconds", type=float, default=30.0,
+                   help="time to shrink each failing configuration (0: keep it whole)")
+    p.add_argument("--out", type=Path, default=Path("fuzz-repros"),
+                   help="where repro scripts go")
+    p.add_argument("--markdown", type=Path, help="write the summary into this file")
+    p.add_argument("--json", help="append every case's record (JSON lines)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args.out, args.shrink_seconds)
+        return 0
+    start = time.monotonic()
+    records = _drive(args)
+    text = summarize(records, args, time.monotonic() - start)
+    print(text)
+    if args.markdown:
+        _write_markdown(args.markdown, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Short seeded differential fuzz run, plus checks that the fuzzer itself can fail.
+
+Each seed's program runs in one configuration, round-robin over (cpu, reference)
+x (static, dynamic at two sizes), so the run stays within a few minutes; the long
+run (every configuration per case) is ``python -m benchmarks.fuzz``. A failing seed
+writes its standalone repro under pytest's tmp_path and names it in the message.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from . import check
+from .generator import generate
+from .program import Program, Statement
+from .runner import CONFIGS, repro_source, run_case
+
+SEEDS = range(1000, 1100)
+
+# Seeds failing on faults other engineers are fixing: strict, so a fix turns them red
+# until they are removed from here.
+KNOWN: dict[int, str] = {
+    1072: "amax of a bool tensor is True on cpu (tests/fuzz/repros/amax_bool.py)",
+}
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(
+    reason=KNOWN[s], strict=True)) if s in KNOWN else s for s in SEEDS])
+def test_fuzz_case(seed, tmp_path):
+    target, dynamic = CONFIGS[seed % len(CONFIGS)]
+    result = run_case(seed, configs=[(target, dynamic)], repro_dir=tmp_path)
+    # upstream: torch's own tracing or decompositions differ alike (counted by the long run)
+    if any(not f["upstream"] for f in result.failures):
+        lines = [f"{f['kind']} ({target}, dynamic={dynamic}, size variant {f['variant']}"
+                 f"{', upstream' if f['upstream'] else ''}): {f['message'][:600]}"
+                 for f in result.failures]
+        pytest.fail(f"seed {seed}:\n{result.program.source}\n" + "\n".join(lines)
+                    + f"\nrepro: {result.failures[0]['repro']}")
+
+
+def test_generator_is_deterministic_and_covers_the_families():
+    assert generate(5).source == generate(5).source
+    families = set().union(*(generate(s).families for s in range(40)))
+    assert families >= {"unary", "binary", "reduction", "softmax", "view", "cat", "matmul",
+                        "cast", "where", "inplace", "index"}
+    programs = [generate(s) for s in range(40)]
+    assert any(p.backward for p in programs) and any(p.special for p in programs)
+    assert all(3 <= len(p.statements) <= 15 for p in programs)
+
+
+def _shifted(by: float):
+    """A backend whose graphs add ``by`` to every floating output."""
+    def backend(gm, example_inputs):
+        def run(*args):
+            out = gm(*args)
+            return tuple(o + by if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                         for o in out)
+        return run
+    return backend
+
+
+def _case(source: str, dtype: str = "f32", special: bool = False) -> dict:
+    return {"seed": 3, "source": source, "backward": False,
+            "inputs": [{"name": "x0", "index": 0, "dtype": dtype, "kind": "normal",
+                        "shapes": [[6, 40], [9, 33]], "special": special}]}
+
+
+def test_comparison_flags_wrong_values_and_accepts_rounding():
+    case = _case("def fn(x0):\n    return (torch.exp(x0) * 0.5,)\n")
+    assert check.check(case, backend=_shifted(0.0)) == []
+    found = check.check(case, backend=_shifted(1e-3))
+    assert found and found[0]["kind"] == "mismatch"
+    # a half-type result computed without the per-op rounding eager does is not wrong
+    e = torch.randn(64, dtype=torch.float16)
+    r = e.double() + torch.randn(64, dtype=torch.float64) * 1e-3
+    c = (r + (e.double() - r) * 0.5).half()  # closer to float64 than eager
+    assert check.compare(c, e, r, e) is None
+    assert check.compare(e + 0.25, e, r, e) is not None
+    nan = torch.tensor([float("nan"), 1.0])
+    assert check.compare(nan, nan, nan.double(), nan) is None
+    assert check.compare(torch.tensor([0.0, 1.0]), nan, nan.double(), nan) is not None
+
+
+def test_comparison_excuses_what_an_ulp_can_flip():
+    """A floor right at an integer may land either side: the nudged run shows it."""
+    e = torch.tensor([3.0, 5.0])
+    c = torch.tensor([2.0, 5.0])
+    assert check.compare(c, e, e.double(), torch.tensor([2.0, 5.0])) is None
+    assert check.compare(c, e, e.double(), e) is not None
+    ints = torch.tensor([1, 2])
+    assert check.compare(torch.tensor([1, 3]), ints, ints, ints) is not None
+    assert check.compare(torch.tensor([1, 3]), ints, ints, torch.tensor([1, 3])) is None
+
+
+def test_special_values_reach_the_inputs():
+    spec = _case("", special=True)["inputs"][0]
+    x = check.make_input(spec, 0, seed=11)
+    assert x.isnan().any() and x.isinf().any()
+    nudged = check.make_input(spec, 0, seed=11, mode="nudge")
+    same = x.isnan() | (x == nudged)
+    assert not same.all() and (x.isnan() == nudged.isnan()).all()
+
+
+def test_repro_script_runs_standalone(tmp_path):
+    program = Program(1, _case("")["inputs"],
+                      [Statement("v0 = torch.sigmoid(x0) * 2.0", "v0", ["x0"], "unary")],
+                      ["v0"], False)
+    path = tmp_path / "repro.py"
+    path.write_text(repro_source(program, "reference", True, []))
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-2000:]

@@ -1,0 +1,346 @@
+"""Indexed reads and writes through backend="pypto", against eager PyTorch.
+
+embedding, index.Tensor, gather, index_select (one ``gather`` tile op, native on
+the cpu target with its indices scanned before the kernel's loop), arange,
+constant_pad_nd, slice_scatter and the scatter family. Every test compiles
+with ``fallback="error"``, so an op left to run eagerly fails it, and checks
+which tiles ran natively.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pypto_inductor
+from pypto_inductor.codegen import cpp
+from pypto_inductor.codegen.cpp import compiler as cpp_build
+from pypto_inductor.report import collect
+
+FP32 = {"atol": 1e-5, "rtol": 1.3e-5}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "cpp_cache"
+    monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(root))
+    monkeypatch.setattr(cpp_build, "loaded", dict(cpp_build.loaded))
+
+
+def compile_run(fn, *inputs, dynamic=False, target="cpu", backward=False):
+    """(outputs, eager outputs, tiles: [(op kinds, native entry, kernel fallback)]) of one
+    call; with ``backward`` the outputs include the gradients of every float input."""
+    def run(f, args):
+        args = [a.clone().requires_grad_(backward and a.is_floating_point()) for a in args]
+        out = f(*args)
+        if not backward:
+            return out
+        grads = torch.autograd.grad(out.float().square().sum(),
+                                    [a for a in args if a.requires_grad])
+        return (out, *grads)
+
+    compiled = torch.compile(fn, backend="pypto", dynamic=dynamic,
+                             options={"target": target, "fallback": "error"})
+    with collect() as graphs, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = run(compiled, inputs)
+    ref = run(fn, inputs)
+    report = pypto_inductor.FusionReport(graphs).to_dict()
+    assert report["summary"]["eager_graphs"] == 0
+    assert report["summary"]["fallback_op_count"] == 0
+    tiles = [(t["op_kinds"], t["native"], t["kernel_fallback"])
+             for g in report["graphs"] for t in g["fusion_tiles"]]
+    assert not [t for t in tiles if t[2]], tiles
+    return out, ref, tiles
+
+
+def native_ops(tiles) -> set:
+    return {k for kinds, native, _ in tiles if native and native["native"] for k in kinds}
+
+
+# --- gathers ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_embedding_position_add_layer_norm_is_one_native_kernel(dynamic):
+    torch.manual_seed(0)
+    wte, wpe = torch.randn(50, 32), torch.randn(16, 32)
+    w, b = torch.randn(32), torch.randn(32)
+
+    def fn(ids, positions):
+        x = F.embedding(ids, wte) + F.embedding(positions, wpe)
+        return F.layer_norm(x, (32,), w, b)
+
+    ids, positions = torch.randint(0, 50, (3, 7)), torch.randint(0, 16, (3, 7))
+    out, ref, tiles = compile_run(fn, ids, positions, dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert len(tiles) == 1 and tiles[0][1]["native"], tiles
+    assert tiles[0][0].count("gather") == 2 and "var" in tiles[0][0]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_broadcast_position_embedding_is_read_where_it_is_used(dynamic):
+    """GPT-2: wte(ids) [B, S, D] + wpe(arange(S)[None]) [1, S, D], then LayerNorm: the
+    position rows are read by the add itself, so both gathers and the norm are one kernel."""
+    torch.manual_seed(10)
+    wte, wpe = torch.randn(50, 32), torch.randn(16, 32)
+    w, b = torch.randn(32), torch.randn(32)
+
+    def fn(ids):
+        h = F.embedding(ids, wte) + F.embedding(torch.arange(ids.shape[1]).unsqueeze(0), wpe)
+        return h, F.layer_norm(h, (32,), w, b)
+
+    out, ref, tiles = compile_run(fn, torch.randint(0, 50, (3, 7)), dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **FP32)
+    fused = [t for t in tiles if "var" in t[0]]
+    assert len(fused) == 1 and fused[0][0].count("gather") == 2 and fused[0][1]["native"], tiles
+    assert [kinds for kinds, _, _ in tiles if kinds != fused[0][0]] == [["arange"]], tiles
+
+
+def test_embedding_backward_and_int32_indices():
+    torch.manual_seed(1)
+    ids = torch.randint(0, 20, (4, 5), dtype=torch.int32)
+    out, ref, tiles = compile_run(lambda w, i: F.embedding(i, w) * 3, torch.randn(20, 8), ids,
+                                  backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "gather" in native_ops(tiles) and any("index_put" in k for k, _, _ in tiles)
+
+
+INDEXING = {
+    "rows": (lambda x, i: x[i] + 1, lambda: (torch.randn(6, 5), torch.randint(-6, 6, (4, 3)))),
+    "columns": (lambda x, i: x[:, i] * 2, lambda: (torch.randn(6, 5), torch.randint(-5, 5, (7,)))),
+    "broadcast pair": (lambda x, i, j: x[i, j].exp(),
+                       lambda: (torch.randn(6, 5), torch.randint(0, 6, (3, 1)),
+                                torch.randint(0, 5, (4,)))),
+    "non-adjacent": (lambda x, i, j: x[:, i, :, j] - 1,
+                     lambda: (torch.randn(3, 6, 4, 5), torch.randint(-6, 6, (2, 1)),
+                              torch.randint(0, 5, (3,)))),
+    "gather last dim": (lambda x, i: torch.gather(x, -1, i).sigmoid(),
+                        lambda: (torch.randn(4, 9), torch.randint(0, 9, (4, 3)))),
+    "gather dim 0": (lambda x, i: torch.gather(x, 0, i) + x[:2, :3],
+                     lambda: (torch.randn(5, 4), torch.randint(0, 5, (2, 3)))),
+    "index_select": (lambda x, i: torch.index_select(x, 1, i) * 2,
+                     lambda: (torch.randn(3, 8, 4), torch.randint(0, 8, (5,)))),
+    "take_along_dim": (lambda x, i: torch.take_along_dim(x, i, dim=1),
+                       lambda: (torch.randn(3, 8), torch.randint(0, 8, (3, 2)))),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("case", list(INDEXING))
+def test_indexed_reads_native_forward_and_backward(case, dynamic):
+    fn, make = INDEXING[case]
+    torch.manual_seed(2)
+    out, ref, tiles = compile_run(fn, *make(), dynamic=dynamic, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "gather" in native_ops(tiles), tiles
+
+
+def test_gather_reads_per_row_indices_inside_a_softmax_kernel():
+    """Indices constant along the reduced dim are read once per row."""
+    torch.manual_seed(3)
+    out, ref, tiles = compile_run(lambda t, i: torch.softmax(t[i], -1), torch.randn(10, 64),
+                                  torch.randint(0, 10, (4, 6)))
+    torch.testing.assert_close(out, ref, **FP32)
+    assert {"gather", "softmax"} <= native_ops(tiles)
+
+
+def test_cross_entropy_gathers_its_targets_natively():
+    """log_softmax, the target gather ([N, 1], read as the reduced row) and the mean."""
+    torch.manual_seed(11)
+    target = torch.randint(0, 10, (32,))
+    target[3] = -100  # ignore_index
+    out, ref, tiles = compile_run(lambda x, t: F.cross_entropy(x, t), torch.randn(32, 10), target,
+                                  backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    forward = [t for t in tiles if "gather" in t[0]]
+    assert forward and all(n["native"] for _, n, _ in forward), tiles
+
+
+OUT_OF_RANGE = {
+    "embedding high": (lambda w, i: F.embedding(i, w) * 2, torch.randn(7, 4), [[1, 7]]),
+    "embedding negative": (lambda w, i: F.embedding(i, w) * 2, torch.randn(7, 4), [[-1, 0]]),
+    "index high": (lambda x, i: x[i] + 1, torch.randn(7, 4), [[6, 7]]),
+    "index below -size": (lambda x, i: x[i] + 1, torch.randn(7, 4), [[-8, 0]]),
+    "gather high": (lambda x, i: torch.gather(x, 1, i) * 2, torch.randn(2, 4), [[0, 4], [1, 2]]),
+    "gather negative": (lambda x, i: torch.gather(x, 1, i) * 2, torch.randn(2, 4),
+                        [[0, -1], [1, 2]]),
+}
+
+
+@pytest.mark.parametrize("target", ["cpu", "reference"])
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE))
+def test_out_of_range_indices_raise_as_eager(case, target):
+    fn, x, index = OUT_OF_RANGE[case]
+    index = torch.tensor(index)
+    with pytest.raises(Exception) as eager:
+        fn(x, index)
+    compiled = torch.compile(fn, backend="pypto", options={"target": target})
+    with pytest.raises(type(eager.value), match="out of (range|bounds)"):
+        compiled(x, index)
+    # in range again: the kernel works (nothing was left half written)
+    good = index.clamp(0, 1)
+    torch.testing.assert_close(compiled(x, good), fn(x, good))
+
+
+def test_bool_mask_index_stays_eager_with_a_reason():
+    fn = lambda x, m: x[m] * 2  # noqa: E731 - data-dependent result size
+    rep = pypto_inductor.report(fn, torch.randn(5), torch.tensor([1, 0, 1, 1, 0]).bool())
+    reasons = [r for g in rep.to_dict()["graphs"] for r in g["extern_reasons"].values()]
+    assert not reasons or all("index" in r or "nonzero" in r for r in reasons), reasons
+
+
+# --- arange, padding, slice_scatter ------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_arange_overloads(dynamic):
+    def fn(x):
+        n = x.shape[-1]
+        y = (x + torch.arange(n) + torch.arange(2, n + 2).float() * 0.5
+             + torch.arange(0, 2 * n, 2, dtype=torch.float32))
+        if not dynamic:  # float bounds of a dynamic size are SymFloat arithmetic (eager)
+            y = y + torch.arange(0.25, 0.25 + 0.75 * n, 0.75)[:n]
+        return y
+
+    out, ref, tiles = compile_run(fn, torch.randn(3, 9), dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "arange" in native_ops(tiles)
+
+
+PADS = {
+    "last dim": ((1, 2), 0.0),
+    "last dim crop": ((-1, 3), 1.5),
+    "row dim": ((0, 0, 2, 1), -2.0),
+    "two dims": ((1, 1, 1, -1), 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(PADS))
+def test_constant_pad_nd_forward_and_backward(case):
+    pad, value = PADS[case]
+    torch.manual_seed(4)
+    out, ref, tiles = compile_run(lambda x: F.pad(x, pad, value=value).tanh(),
+                                  torch.randn(2, 5, 6), backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    pads = [(kinds, native) for kinds, native, _ in tiles if "pad" in kinds]
+    assert pads
+    if case == "two dims":  # outside the native slice: the reference executor, reason given
+        assert any(not n["native"] and "pad along 2 dims" in n["reason"] for _, n in pads)
+    else:
+        assert all(n["native"] for _, n in pads), pads
+
+
+def test_slice_scatter_and_select_scatter():
+    def fn(x, y, z):
+        x = x.clone()
+        x[:, 1:3] = y
+        x[:, -1] = z
+        x[::2, 0] = z[:2] * 7
+        return x * 2
+
+    torch.manual_seed(5)
+    out, ref, tiles = compile_run(fn, torch.randn(4, 6), torch.randn(4, 2), torch.randn(4))
+    torch.testing.assert_close(out, ref, **FP32)
+
+
+# --- scatter family ---------------------------------------------------------------------
+SCATTERS = {
+    "scatter value": lambda x, i, s: x.scatter(1, i, 2.5),
+    "scatter src": lambda x, i, s: x.scatter(1, i, s),
+    "scatter reduce add": lambda x, i, s: x.scatter(1, i, s, reduce="add"),
+    "scatter_add": lambda x, i, s: x.scatter_add(1, i, s),
+    "scatter_reduce amax": lambda x, i, s: x.scatter_reduce(1, i, s, "amax", include_self=False),
+    "index_put": lambda x, i, s: x.index_put((i[:2, 0] % 4,), s[:2, :1]),
+    "index_put accumulate": lambda x, i, s: x.index_put((i[:, 0] % 2,), s[:, :1],
+                                                        accumulate=True),
+}
+
+
+@pytest.mark.parametrize("case", list(SCATTERS))
+def test_scatters_run_as_their_own_tiles(case):
+    torch.manual_seed(6)
+    x, s = torch.randn(4, 5), torch.randn(4, 3)
+    index = torch.stack([torch.randperm(5)[:3] for _ in range(4)])  # no duplicate per row
+    fn = SCATTERS[case]
+    out, ref, tiles = compile_run(lambda x, i, s: fn(x, i, s) + 1, x, index, s)
+    torch.testing.assert_close(out, ref, **FP32)
+    alone = [kinds for kinds, _, _ in tiles if {"scatter", "scatter_add", "scatter_reduce",
+                                                   "index_put"} & set(kinds)]
+    assert alone and all(len(k) == 1 for k in alone), tiles
+
+
+def test_gather_backward_accumulates_duplicates():
+    torch.manual_seed(7)
+    index = torch.tensor([[0, 0, 1], [2, 2, 2]])
+    out, ref, _ = compile_run(lambda x, i: torch.gather(x, 1, i) * 3, torch.randn(2, 4), index,
+                              backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+
+
+# --- cat inside any tile ------------------------------------------------------------------
+def test_vit_class_token_cat_with_layer_norm_is_native():
+    torch.manual_seed(8)
+    cls, w, b = torch.randn(1, 1, 16), torch.randn(16), torch.randn(16)
+
+    def fn(patches):
+        x = torch.cat([cls.expand(patches.shape[0], 1, 16), patches], dim=1)
+        return F.layer_norm(x, (16,), w, b)
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        out, ref, tiles = compile_run(fn, torch.randn(2, 4, 16), dynamic=dynamic)
+        torch.testing.assert_close(out, ref, **FP32)
+        assert all(n["native"] for _, n, _ in tiles), tiles
+
+
+CATS = {
+    "rows into softmax": lambda a, b: torch.softmax(torch.cat([a, b], 1), -1),
+    "rows into a column sum": lambda a, b: torch.cat([a, b], 1).sum(1) * 2,
+    "columns into var": lambda a, b: torch.cat([a, b], -1).var(-1),
+    "dim 0 into log_softmax": lambda a, b: torch.log_softmax(torch.cat([a, b], 0), -1),
+}
+
+
+@pytest.mark.parametrize("case", list(CATS))
+def test_cat_inside_reductions_builds(case):
+    torch.manual_seed(9)
+    second = {"columns": (2, 3, 4), "dim 0": (4, 3, 8)}
+    shape = next((v for k, v in second.items() if k in case), (2, 5, 8))
+    out, ref, tiles = compile_run(CATS[case], torch.randn(2, 3, 8), torch.randn(*shape))
+    torch.testing.assert_close(out, ref, **FP32)
+
+
+def test_emitter_error_names_the_tile_op(monkeypatch):
+    """A tile op the C++ emitter has no form for takes the reference executor and says which."""
+    from pypto_inductor.codegen.cpp import ops as cpp_emit
+
+    monkeypatch.delitem(cpp_emit.OPS, "tanh")
+    monkeypatch.setattr(cpp_build, "loaded", {})
+    rep = pypto_inductor.report(lambda x: torch.tanh(x) * 2, torch.randn(4, 8))
+    native = [t["native"] for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
+    assert native and not native[0]["native"] and "tanh" in native[0]["reason"], native
+
+
+# --- pypto target -------------------------------------------------------------------------
+def test_pypto_splits_tiles_at_ops_it_has_no_form_for():
+    from pypto_inductor.codegen.pypto.emit import emit_tile, split_tile
+
+    pytest.importorskip("pypto")
+    wte, wpe = torch.randn(50, 32), torch.randn(16, 32)
+
+    def fn(ids, positions, x, i):
+        h = F.embedding(ids, wte) + F.embedding(positions, wpe)
+        return h.relu(), F.pad(x, (1, 1)) * 2, x.scatter(1, i, 1.0) + 1
+
+    args = (torch.randint(0, 50, (3, 7)), torch.randint(0, 16, (3, 7)), torch.randn(4, 8),
+            torch.randint(0, 8, (4, 2)))
+    with collect() as graphs:
+        torch.compile(fn, backend="pypto",
+                      options={"target": "reference", "hardware": "ascend-a2"})(*args)
+    split_ops = set()
+    for g in graphs:
+        for tile in g.plan.tiles:
+            split = split_tile(tile, g.plan.graph)
+            for part in (split.parts if split else [tile]):
+                emit_tile(part, g.plan.graph)
+            split_ops |= {op.op for op in (split.split_ops if split else [])}
+    assert {"gather", "pad", "scatter"} <= split_ops
