@@ -29,6 +29,8 @@ from .sizes import size_function
 
 __all__ = ["build", "build_many", "analyse", "generate_source", "NotNative", "Program", "SYMBOL"]
 
+DEVICES = ("cpu",)  # the kernels read host memory (the runtime runs other devices eagerly)
+
 # --- build ----------------------------------------------------------------------------
 _warned_no_compiler = False
 
@@ -148,6 +150,13 @@ def _prepare(tile: FusionTile, graph: TileGraph):
         return _Pending(program, generate_source(program), _identity)
     except NotNative as e:
         return _reference(tile, graph, str(e))
+    except Exception as e:  # noqa: BLE001 - a bug in analysis or emission: say where
+        raise TileBuildError(f"writing C++ for {tile.name} ({' '.join(tile.op_names)}) failed: "
+                             f"{type(e).__name__}: {e}") from e
+
+
+class TileBuildError(RuntimeError):
+    """Analysing or writing a tile's C++ failed: names the tile, its ops and the error."""
 
 
 def _finish(prepared: _Pending, fn):

@@ -26,6 +26,9 @@ POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
 REDUCTION_LANES = 4  # independent accumulators per sum over a row (_Emitter.interleaved)
+# A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
+# into a double: one fp32 total loses ~1e-6 over 2^26 columns (var over 2^25: 1.4e-4).
+SUM_BLOCK = 4096
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads. Attention's K^T copy ([4,4,64,128] from a [4,128,768] slice): 109 us unblocked,
@@ -54,7 +57,9 @@ def finalize(e: str, dt) -> str:
         return f"rnd_bf16((float)({e}))"
     if dt == torch.bool:
         return f"(bool)({e})"
-    return f"(int64_t)({STORAGE[dt]})({e})"
+    if dt == torch.int64:  # pi_i64/pi_i32: a float converts as eager does (NaN -> INT_MIN)
+        return f"pi_i64({e})"
+    return f"(int64_t)({STORAGE[dt]})pi_i32({e})"  # narrower types wrap as eager's do
 
 
 def conv(e: str, src, dst) -> str:
@@ -120,6 +125,9 @@ def _pow(a, n):
         special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
                    -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
                    -2: f"(1.0f / ({x} * {x}))", 0: "1"}
+        if n.attrs["common"] == torch.float16:  # eager's float16 pow: pow's -inf and -0.0
+            root = f"({x} == -INFINITY ? INFINITY : std::sqrt({x} + 0.0f))"
+            special[0.5], special[-0.5] = root, f"(1.0f / {root})"
         if scalar in special:
             return special[scalar]
     return f"std::pow({x}, {y})"
@@ -135,6 +143,13 @@ def _clamp(a, n):
     return x
 
 
+def _gelu(a, n):
+    if n.attrs.get("approximate") == "tanh":
+        return f"pi_gelu_tanh({a[0]})"
+    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's
+    return f"pi_gelu({a[0]}, {'false' if n.attrs['common'] == torch.float16 else 'true'})"
+
+
 def _f(fn):
     return lambda a, n: f"{fn}({a[0]})"
 
@@ -148,8 +163,7 @@ OPS = {
     "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
     "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
     "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
-    "gelu": lambda a, n: (f"pi_gelu_tanh({a[0]})" if n.attrs.get("approximate") == "tanh"
-                          else f"pi_gelu({a[0]})"),
+    "gelu": lambda a, n: _gelu(a, n),
     "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
     "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
     "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
@@ -492,7 +506,7 @@ class _Emitter:
                 stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
-    def loop(self, has_fast: bool, targets, tail) -> None:
+    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1")) -> None:
         """The column loop computing ``targets`` then running ``tail(path, lane)`` lines."""
         reductions = [x for x in targets if x.kind == "reduce"]
         paths = ["fast", "generic"] if has_fast else ["generic"]
@@ -513,8 +527,9 @@ class _Emitter:
                 self.seg = s
                 deps = self.col_deps([a for x in reductions for a in x.args] + [
                     x for x in targets if x.kind != "reduce"])
-                lo = "c0" if s == 0 else f"std::max<int64_t>(c0, CB{s})"
-                hi = "c1" if s == segs - 1 else f"std::min<int64_t>(c1, CB{s + 1})"
+                c0, c1 = bounds
+                lo = c0 if s == 0 else f"std::max<int64_t>({c0}, CB{s})"
+                hi = c1 if s == segs - 1 else f"std::min<int64_t>({c1}, CB{s + 1})"
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
@@ -630,7 +645,11 @@ class _Emitter:
         for stage in range(1, self.passes + 1):
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                     and self.stage[x.id] == stage]
+            wide = [x for x in reds if x.attrs["red"] == "sum" and ctype(x.dtype) == "float"]
             for x in reds:
+                if x in wide:  # blocked: fp32 per SUM_BLOCK columns, double across blocks
+                    w(f"    double tot{x.id} = 0.0;")
+                    continue
                 w(f"    {ctype(x.dtype)} acc{x.id} = {_init(x)};")
                 if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                     w(f"    int nan{x.id} = 0;")
@@ -649,11 +668,22 @@ class _Emitter:
                         out.append(f"nan{x.id}{lane} |= ({v} != {v});")
                 return out
 
-            self.loop(has_fast, reds, tail)
+            if wide:
+                w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {SUM_BLOCK}) {{")
+                w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {SUM_BLOCK}, c1);")
+                for x in wide:
+                    w(f"    float acc{x.id} = 0.0f;")
+                self.loop(has_fast, reds, tail, ("cb0", "cb1"))
+                for x in wide:
+                    w(f"    tot{x.id} += acc{x.id};")
+                w("    }")
+            else:
+                self.loop(has_fast, reds, tail)
             self.stored |= self.storing
             for x in reds:
                 val = f"(nan{x.id} ? NAN : acc{x.id})" if x.attrs["red"] != "sum" \
                     and ctype(x.dtype) == "float" else f"acc{x.id}"
+                val = f"(float)tot{x.id}" if x in wide else val
                 w(f"    const {ctype(x.dtype)} v{x.id} = {val};")
             self.row_nodes(stage)
         col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]

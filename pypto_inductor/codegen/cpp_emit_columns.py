@@ -21,6 +21,10 @@ from .cpp_emit import PARALLEL_MIN, _Emitter, _expr, _init, conv, ctype, load, s
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
+# A float sum adds SUM_BLOCK reduced elements into fp32 partial sums, then each partial into
+# a double total: one fp32 accumulator saturates (2^27 rows of rand() summed to 2^25, half
+# the answer) and loses ~1e-5 over 2^24 rows; blocked, the error stays near eager's.
+SUM_BLOCK = 256
 
 
 class ColumnEmitter(_Emitter):
@@ -58,7 +62,7 @@ class ColumnEmitter(_Emitter):
         # pass 1 per (block, column part) into partial accumulators, then one item per
         # block combines them
         for x in reds:
-            t = ctype(x.dtype)
+            t = "double" if self.wide(x) else ctype(x.dtype)
             w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
             if self.has_nan(x):
                 w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
@@ -66,7 +70,7 @@ class ColumnEmitter(_Emitter):
         self.row_nodes(0)
         self.init(reds)
         self.sweep(reds, outs)
-        self.block_loop([f"part{x.id}[s * R + r0 + j] = acc{x.id}[j];" for x in reds] +
+        self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
                         [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
                          for x in reds if self.has_nan(x)])
         w("  }")
@@ -74,12 +78,16 @@ class ColumnEmitter(_Emitter):
         self.row_nodes(0)
         for x in reds:
             self.declare(x)
-            lines = [f"acc{x.id}[j] = part{x.id}[r0 + j];"]
+            acc = self.total(x)
+            lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
             if self.has_nan(x):
                 lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
             lines.append("for (int64_t q = 1; q < S; ++q) {")
-            lines += ["  " + line for line in self.update(
-                x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
+            if self.wide(x):
+                lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
+            else:
+                lines += ["  " + line for line in self.update(
+                    x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
             lines.append("}")
             self.block_loop(lines)
         self.finish(reds, 1)
@@ -162,16 +170,26 @@ class ColumnEmitter(_Emitter):
     def has_nan(x) -> bool:  # a float max/min keeps a NaN flag (the result is NaN if any)
         return ctype(x.dtype) == "float" and x.attrs["red"] != "sum"
 
+    @staticmethod
+    def wide(x) -> bool:  # a float sum: fp32 partials per SUM_BLOCK, a double total
+        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum"
+
+    def total(self, x) -> str:
+        """The array holding x's running result over the block (``tot`` for a float sum)."""
+        return f"tot{x.id}" if self.wide(x) else f"acc{x.id}"
+
     def declare(self, x) -> None:
         """Reduction x's per-row accumulators, values and NaN flags over the block."""
         self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
+        if self.wide(x):
+            self.w(f"    double tot{x.id}[{ROWS_PER_BLOCK}];")
         if self.has_nan(x):
             self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
 
     def init(self, reds) -> None:
         for x in reds:
             self.declare(x)
-            self.block_loop([f"acc{x.id}[j] = {_init(x)};"] +
+            self.block_loop([f"{self.total(x)}[j] = {_init(x)};"] +
                             ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
 
     def update(self, x, v: str, nan: str) -> list[str]:
@@ -186,7 +204,8 @@ class ColumnEmitter(_Emitter):
     def finish(self, reds, stage: int) -> None:
         """The reductions' values, then the row values computed from them."""
         self.block_loop([f"v{x.id}[j] = nan{x.id}[j] ? NAN : acc{x.id}[j];" if self.has_nan(x)
-                         else f"v{x.id}[j] = acc{x.id}[j];" for x in reds])
+                         else f"v{x.id}[j] = ({ctype(x.dtype)}){self.total(x)}[j];"
+                         for x in reds])
         self.row_nodes(stage)
 
     def outputs(self) -> None:
@@ -213,12 +232,20 @@ class ColumnEmitter(_Emitter):
         memory is column-major over the analysed domain)."""
         p, w = self.p, self.w
         deps = self.col_deps([a for x in reds for a in x.args] + [x for _, x, _ in outs])
+        wide = [x for x in reds if self.wide(x)]
+        lo, hi = "c_lo", "c_hi"
+        if wide:  # blocks of SUM_BLOCK reduced elements: fp32 partials, then double totals
+            w(f"    for (int64_t cb = c_lo; cb < c_hi; cb += {SUM_BLOCK}) {{")
+            w(f"    const int64_t ce = std::min<int64_t>(cb + {SUM_BLOCK}, c_hi);")
+            self.block_loop([f"acc{x.id}[j] = 0;" for x in wide])
+            lo, hi = "cb", "ce"
         for path in ("fast", "generic"):
             w("    if (fast) {" if path == "fast" else "    else {")
-            w("     for (int64_t c = c_lo; c < c_hi; ++c) {")
+            w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
             w("      int64_t u = c; (void)u;")
-            for d in range(self.n - 1, self.outer - 1, -1):
+            for d in range(self.n - 1, self.outer, -1):
                 w(f"      const int64_t u{d} = u % D{d}; u /= D{d};")
+            w(f"      const int64_t u{self.outer} = u;")  # below D{outer}: no division
             for k, a in enumerate(p.accesses):
                 if a.col:
                     off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
@@ -235,4 +262,7 @@ class ColumnEmitter(_Emitter):
                 w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
             w("      }")
             w("     }")
+            w("    }")
+        if wide:
+            self.block_loop([f"tot{x.id}[j] += acc{x.id}[j];" for x in wide])
             w("    }")
