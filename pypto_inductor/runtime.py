@@ -220,7 +220,9 @@ class CompiledGraph:
     # --- run -----------------------------------------------------------------------
     def __call__(self, *args) -> list:
         probe = self._probe
-        if probe >= 0 and (not args[probe].is_cpu if self._cpu_only else args[probe].is_meta):
+        # AOTAutograd passes None for an input the graph never reads (linalg.inv's forward)
+        if probe >= 0 and args[probe] is not None and (
+                not args[probe].is_cpu if self._cpu_only else args[probe].is_meta):
             return self._other_device(args)
         bindings = self.bindings
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
