@@ -27,8 +27,9 @@ MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cac
 PARALLEL_MIN = 32768  # fewer elements run on one thread
 REDUCTION_LANES = 4  # independent accumulators per sum over a row (_Emitter.interleaved)
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
-# into a double: one fp32 total loses ~1e-6 over 2^26 columns (var over 2^25: 1.4e-4).
-SUM_BLOCK = 4096
+# into a double: one fp32 total loses ~1e-6 over 2^26 columns (var over 2^25: 1.4e-4);
+# 4096-column blocks cost 13% on 64x65536 sum(-1), 16384 nothing measurable.
+SUM_BLOCK = 16384
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads. Attention's K^T copy ([4,4,64,128] from a [4,128,768] slice): 109 us unblocked,

@@ -25,6 +25,10 @@ SPLIT_MIN = 64  # fewest columns per part when the columns are split between thr
 # a double total: one fp32 accumulator saturates (2^27 rows of rand() summed to 2^25, half
 # the answer) and loses ~1e-5 over 2^24 rows; blocked, the error stays near eager's.
 SUM_BLOCK = 256
+# Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
+# reduced elements inside: a vector loop over 4 elements per reduced one cost ~11 ns each
+# (2^20 x 4 sum(0): 11.7 ms against eager's 0.76 ms).
+NARROW_ROWS = 8
 
 
 class ColumnEmitter(_Emitter):
@@ -239,17 +243,15 @@ class ColumnEmitter(_Emitter):
             w(f"    const int64_t ce = std::min<int64_t>(cb + {SUM_BLOCK}, c_hi);")
             self.block_loop([f"acc{x.id}[j] = 0;" for x in wide])
             lo, hi = "cb", "ce"
-        for path in ("fast", "generic"):
-            w("    if (fast) {" if path == "fast" else "    else {")
+        for path in ("narrow", "fast", "generic"):
+            w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
+               "generic": "    else {"}[path])
+            if path == "narrow":
+                self.narrow(reds, outs, deps, lo, hi)
+                w("    }")
+                continue
             w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
-            w("      int64_t u = c; (void)u;")
-            for d in range(self.n - 1, self.outer, -1):
-                w(f"      const int64_t u{d} = u % D{d}; u /= D{d};")
-            w(f"      const int64_t u{self.outer} = u;")  # below D{outer}: no division
-            for k, a in enumerate(p.accesses):
-                if a.col:
-                    off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
-                    w(f"      const int64_t o{k} = {off};")
+            self.offsets("      ")
             w("      #pragma omp simd")
             w("      for (int64_t j = 0; j < nr; ++j) {")
             for x in deps:
@@ -266,3 +268,50 @@ class ColumnEmitter(_Emitter):
         if wide:
             self.block_loop([f"tot{x.id}[j] += acc{x.id}[j];" for x in wide])
             w("    }")
+
+    def offsets(self, ind: str) -> None:
+        """Reduced element c's index per reduced dim (u<d>) and each access's offset there."""
+        w = self.w
+        w(f"{ind}int64_t u = c; (void)u;")
+        for d in range(self.n - 1, self.outer, -1):
+            w(f"{ind}const int64_t u{d} = u % D{d}; u /= D{d};")
+        w(f"{ind}const int64_t u{self.outer} = u;")  # below D{outer}: no division
+        for k, a in enumerate(self.p.accesses):
+            if a.col:
+                off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
+                w(f"{ind}const int64_t o{k} = {off};")
+
+    def narrow(self, reds, outs, deps, lo: str, hi: str) -> None:
+        """The fast path for a block of few kept elements: each kept element j in turn, a
+        vector loop over the reduced elements into scalar accumulators, folded into j's."""
+        w = self.w
+        w("     for (int64_t j = 0; j < nr; ++j) {")
+        clauses = []
+        for x in reds:
+            t, red = ctype(x.dtype), x.attrs["red"]
+            w(f"      {t} s{x.id} = {'0' if red == 'sum' else _init(x)};")
+            clauses.append(f"reduction({'+' if red == 'sum' else red}:s{x.id})")
+            if self.has_nan(x):
+                w(f"      int sn{x.id} = 0;")
+                clauses.append(f"reduction(|:sn{x.id})")
+        w(f"      #pragma omp simd {' '.join(clauses)}")
+        w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
+        self.offsets("        ")
+        for x in deps:
+            self.define(x, "        ", col=True, path="fast")
+        for x in reds:
+            v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
+            if x.attrs["red"] == "sum":
+                w(f"        s{x.id} += {v};")
+                continue
+            cmp = ">" if x.attrs["red"] == "max" else "<"
+            w(f"        s{x.id} = ({v} {cmp} s{x.id}) ? {v} : s{x.id};")
+            if self.has_nan(x):
+                w(f"        sn{x.id} |= ({v} != {v});")
+        for k, x, spec in outs:
+            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+        w("      }")
+        for x in reds:
+            for line in self.update(x, f"s{x.id}", f"sn{x.id}"):
+                w(f"      {line}")
+        w("     }")
