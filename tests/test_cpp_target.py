@@ -775,9 +775,8 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, bui
     monkeypatch.setattr(cpp_build, "_compilers", {})
     with pytest.warns(UserWarning, match="no C.. compiler") as rec:
         check(fn, rand(8, 16), built=built, native=False)
-    assert sum("no C++ compiler" in str(w.message) for w in rec) == 1
-    # and one naming the CXX that does not work
-    assert sum("CXX='/nonexistent/c++'" in str(w.message) for w in rec) == 1
+    assert sum("compiler" in str(w.message) for w in rec) == 1
+    assert "CXX='/nonexistent/c++'" in str(rec[0].message)  # the one says why CXX is not used
     assert built and not any(k.native for _, k in built)
 
 

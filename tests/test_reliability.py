@@ -264,10 +264,26 @@ def test_cxx_that_is_not_a_working_compiler_warns(cxx, why, monkeypatch):
     monkeypatch.setenv("CXX", cxx)
     monkeypatch.setattr(cpp_build, "_compilers", {})
     with pytest.warns(UserWarning, match=f"CXX='{re.escape(cxx)}' is not a working C.. "
-                      f"compiler.*{why}"):
+                      f"compiler.*{why}.*; using .*c.."):
         found = cpp_build.find_compiler()
     assert found is not None and found[0] != cxx  # the next candidate, which works
     assert cpp_build.load(_SRC % 41, "pi_kernel")() == 41
+
+
+def test_cxx_not_working_and_no_other_compiler_is_one_warning(monkeypatch, tmp_path):
+    """No compiler at all: the cpu target's one warning says why CXX was not used."""
+    monkeypatch.setenv("CXX", "/bin/true")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no c++, g++, clang++
+    monkeypatch.setattr(cpp_build, "_compilers", {})
+    monkeypatch.setattr(cpp, "_warned_no_compiler", False)
+    fn = lambda x: torch.tanh(x) + 1.0  # noqa: E731
+    x = torch.randn(3, 5)
+    with pytest.warns(UserWarning) as rec:
+        out = _compile(fn)(x)
+    torch.testing.assert_close(out, fn(x))
+    compiler = [str(w.message) for w in rec if "compiler" in str(w.message)]
+    assert len(compiler) == 1 and "no C++ compiler" in compiler[0] \
+        and "CXX='/bin/true'" in compiler[0] and "wrote no library" in compiler[0], compiler
 
 
 def test_cxx_with_flags_is_used_with_them(monkeypatch):

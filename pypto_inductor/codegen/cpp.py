@@ -123,8 +123,10 @@ def _have_compiler() -> bool:
         return True
     if not _warned_no_compiler:
         _warned_no_compiler = True
-        warnings.warn("pypto_inductor: no C++ compiler found (set CXX or install g++); "
-                      "the cpu target runs the reference executor", stacklevel=5)
+        why = cpp_build.cxx_problem()  # a $CXX that does not work: said here, once
+        warnings.warn("pypto_inductor: no C++ compiler found (" + (f"{why}; " if why else "")
+                      + "set CXX or install g++); the cpu target runs the reference executor",
+                      stacklevel=5)
     return False
 
 

@@ -51,6 +51,7 @@ stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0}
 _loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this process
 _lock = threading.Lock()  # guards stats and _loaded across load_many's threads
 _compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
+_cxx_problems: dict[tuple, str] = {}  # (CXX, PATH) -> why $CXX is not a working compiler
 _swept: set[str] = set()  # cache directories whose stale temporaries this process removed
 _opened: set[str] = set()  # library paths this process has dlopen'ed
 _reloads = itertools.count()
@@ -116,7 +117,8 @@ def _probe(cmd: list[str], flags) -> str | None:
         except (OSError, subprocess.SubprocessError) as e:
             return f"it does not run ({e})"
         if out.returncode != 0:
-            return f"it failed on a test file: {(out.stderr or out.stdout).strip()[:300]}"
+            err = " ".join((out.stderr or out.stdout).split())  # one line, for the warning
+            return f"it failed on a test file: {err[:300]}"
         if not lib.exists():
             return "it wrote no library for a test file"
         try:
@@ -138,18 +140,19 @@ def find_compiler() -> tuple[str, str, tuple[str, ...]] | None:
     """(compiler path, version line, flags) for the first working compiler, or None.
 
     ``$CXX`` is a command line (its arguments go after our flags, so ``g++ -O0`` builds at
-    -O0); candidates that do not compile a loadable test library are skipped, with a
-    warning naming ``$CXX`` when it is the one."""
+    -O0); candidates that do not compile a loadable test library are skipped. A ``$CXX``
+    skipped for another compiler gets a warning naming it; with no compiler at all the
+    caller's one warning says why (:func:`cxx_problem`)."""
     cxx = os.environ.get("CXX")
     key = (cxx, os.environ.get("PATH"))
     if key in _compilers:
         return _compilers[key]
     found = None
+    cxx_problem = None
     try:
         shlex.split(cxx or "")
     except ValueError:  # unbalanced quotes
-        warnings.warn(f"pypto_inductor: CXX={cxx!r} is not a command line; trying c++, g++, "
-                      "clang++", stacklevel=2)
+        cxx_problem = f"CXX={cxx!r} is not a command line"
         cxx = None
     for name in ([cxx] if cxx else []) + ["c++", "g++", "clang++"]:
         cmd = _command(name)
@@ -173,10 +176,18 @@ def find_compiler() -> tuple[str, str, tuple[str, ...]] | None:
             found = (cmd[0], version, (*flags, *cmd[1:]))
             break
         if name == cxx:
-            warnings.warn(f"pypto_inductor: CXX={cxx!r} is not a working C++ compiler: "
-                          f"{problem}; trying c++, g++, clang++", stacklevel=2)
+            cxx_problem = f"CXX={cxx!r} is not a working C++ compiler: {problem}"
+    if cxx_problem:
+        _cxx_problems[key] = cxx_problem
+        if found is not None:
+            warnings.warn(f"pypto_inductor: {cxx_problem}; using {found[0]}", stacklevel=2)
     _compilers[key] = found
     return found
+
+
+def cxx_problem() -> str | None:
+    """Why ``$CXX`` was skipped by :func:`find_compiler` (for its caller's warning), or None."""
+    return _cxx_problems.get((os.environ.get("CXX"), os.environ.get("PATH")))
 
 
 def _host_id() -> str:
@@ -287,7 +298,9 @@ def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
     ``flags`` are added to the compiler's (an include path, say)."""
     compiler = find_compiler()
     if compiler is None:
-        raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++)")
+        why = cxx_problem()
+        raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++"
+                               + (f"; {why})" if why else ")"))
     key = cache_key(source, compiler, flags)
     lib = _loaded.get(key)
     if lib is not None:
