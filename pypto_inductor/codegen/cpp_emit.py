@@ -454,7 +454,7 @@ class _Emitter:
             for s in range(len(x.args) - 2, -1, -1):
                 rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {self.part(x, x.args[s])} : {rhs})"
         elif x.kind == "op" and x.attrs["op"] == "cat":  # this segment's part
-            rhs = self.part(x, x.args[self.seg])
+            rhs = self.part(x, self.segment_part(x))
         elif x.kind == "gather":  # an indexed read (cpp_indexing)
             k = x.attrs["access"]
             inp = self.p.accesses[k].input
@@ -471,6 +471,14 @@ class _Emitter:
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
             self.storing.add(x.id)
+
+    def segment_part(self, x):
+        """The operand a column cat takes in the segment being emitted."""
+        segments = x.attrs.get("segments")
+        k = self.seg if segments is None else segments[self.seg]
+        if k is None:
+            raise NotEmittable(f"a cat ({x.origin}) read outside its enclosing part")
+        return x.args[k]
 
     def part(self, x, a) -> str:
         """A cat part's value in the cat's dtype (a pad's fill is a literal)."""
@@ -503,7 +511,7 @@ class _Emitter:
                     continue
                 args = x.args
                 if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
-                    args = [args[self.seg]]
+                    args = [self.segment_part(x)]
                 stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
