@@ -25,7 +25,7 @@ from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
-from .runtime import CompiledGraph
+from .runtime import CompiledGraph, unsupported_device
 
 _graph_ids = itertools.count()
 
@@ -39,6 +39,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str)
     name = f"g{next(_graph_ids)}_{kind}"
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
+        device = unsupported_device(gm, get_target(config.target))
+        if device:
+            raise GraphNotLowerable(device)
         graph = lower_graph(gm, config, name)
     except GraphNotLowerable as e:
         if config.fallback == "error":
@@ -55,7 +58,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str)
                 + "; ".join(eager)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
     plan = plan_fusion(graph, hw, config)
-    compiled = CompiledGraph(plan, get_target(config.target), config)
+    compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
     publish(GraphReport(name, plan, compiled), config, hw)

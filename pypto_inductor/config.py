@@ -7,6 +7,7 @@ Bad keys and values raise :class:`ConfigError` naming the key and what is valid.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,6 +55,13 @@ class Config:
     simulate: bool = False
     keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
 
+    def __post_init__(self):  # a Config built directly gets the numeric checks too
+        for key in ("capacity_bytes", "roi_threshold", "buffering"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, (int, float)) and
+                                          not isinstance(value, bool) and math.isfinite(value)):
+                raise ConfigError(f"option {key!r} must be a finite number, got {value!r}")
+
     @property
     def hardware_name(self) -> str:
         if self.hardware is not None:
@@ -78,6 +86,15 @@ def _choice(key: str, value: Any, valid: tuple[str, ...]) -> str:
 def _check_type(key: str, value: Any, types: tuple[type, ...], what: str) -> Any:
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise ConfigError(f"option {key!r} must be {what}, got {value!r}")
+    return value
+
+
+def _number(key: str, value: Any, types: tuple[type, ...], what: str) -> Any:
+    """A finite number of ``types`` (bools are not numbers here): NaN or inf would pass
+    every comparison the planner makes (NaN > x is False), quietly changing its decisions."""
+    _check_type(key, value, types, what)
+    if not math.isfinite(value):
+        raise ConfigError(f"option {key!r} must be {what}, got {value!r} (not finite)")
     return value
 
 
@@ -121,17 +138,18 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             kw[key] = _choice(key, value, FALLBACK_MODES)
         elif key == "capacity_bytes":
             if value is not None:
-                _check_type(key, value, (int,), "a positive int (bytes)")
+                _number(key, value, (int,), "a positive int (bytes)")
                 if value <= 0:
                     raise ConfigError(f"option 'capacity_bytes' must be > 0, got {value}")
             kw[key] = value
         elif key == "roi_threshold":
-            _check_type(key, value, (int, float), "a number (e.g. 1.2)")
-            if value <= 0:
-                raise ConfigError(f"option 'roi_threshold' must be > 0, got {value}")
-            kw[key] = float(value)
+            if value is not None:
+                value = float(_number(key, value, (int, float), "a number (e.g. 1.2)"))
+                if value <= 0:
+                    raise ConfigError(f"option 'roi_threshold' must be > 0, got {value}")
+            kw[key] = value
         elif key == "buffering":
-            _check_type(key, value, (int,), "1, 2 or 3")
+            _number(key, value, (int,), "1, 2 or 3")
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value

@@ -16,18 +16,44 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .codegen import Kernel, Target, reference
 from .codegen.cpp.alloc import BufferPool
 from .config import Config
 from .fusion import FusionPlan
-from .ir import ExternOp, FusionTile, TileOp, ValueRef
+from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, resolve_static, size_function
 
 
 class KernelBuildError(RuntimeError):
     """A FusionTile's kernel could not be built (raised only with fallback='error')."""
+
+
+class DeviceError(RuntimeError):
+    """A compiled graph was called with tensors on a device its target does not run."""
+
+
+def unsupported_device(gm, target: Target) -> str | None:
+    """Why the ATen graph ``gm`` cannot run on ``target``: the first value (an input or an
+    intermediate, from its FakeTensor) on a device the target does not run, or None.
+
+    Such a graph runs eagerly as a whole (the backend's GraphNotLowerable path): eager
+    gives ``meta`` tensors meta results, and a native kernel would read through their
+    null data pointers. Dynamo guards every input's device, so a graph compiled for CPU
+    tensors is never called with others through torch.compile."""
+    devices = target.DEVICES
+    for node in gm.graph.nodes:
+        for v in tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                kind = v.device.type
+                where = "input" if node.op == "placeholder" else "value"
+                if kind == "meta":
+                    return f"{where} {node.name} is a meta tensor (no data to compute on)"
+                if devices is not None and kind not in devices:
+                    return (f"{where} {node.name} is a {kind} tensor and the target runs "
+                            f"{'/'.join(devices)} tensors only")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +69,19 @@ class _Size:  # a pytree leaf: a size expression evaluated per call
 class CompiledGraph:
     """Runs a FusionPlan; called as ``compiled(*args)``."""
 
-    def __init__(self, plan: FusionPlan, target: Target, config: Config):
+    def __init__(self, plan: FusionPlan, target: Target, config: Config,
+                 eager: Callable | None = None):
         self.plan = plan
         self.config = config
+        self.eager = eager  # the graph's ATen module: runs calls with tensors on other devices
         graph = plan.graph
+        # a cheap per-call probe of the first tensor input's device (Dynamo guards all of
+        # them; this catches a direct call with tensors the kernels cannot read)
+        devices = target.DEVICES
+        self._probe = next((i for i, n in enumerate(graph.inputs)
+                            if isinstance(graph.specs.get(n), TensorSpec)), -1)
+        self._cpu_only = devices == ("cpu",)
+        self._devices = devices
         self.bindings = list(graph.symbol_bindings.values())
         self.slot: dict[str, int] = {}
         for name in graph.inputs:
@@ -118,8 +153,10 @@ class CompiledGraph:
             return kernel
         except Exception as e:  # noqa: BLE001 - any build failure falls back to eager
             if self.config.fallback == "error":
-                raise KernelBuildError(f"building kernel {tile.name} failed: {e}") from e
-            warnings.warn(f"pypto_inductor: kernel {tile.name} failed to build ({e}); "
+                raise KernelBuildError(f"building kernel {tile.name} failed: "
+                                       f"{type(e).__name__}: {e}") from e
+            warnings.warn(f"pypto_inductor: kernel {tile.name} failed to build "
+                          f"({type(e).__name__}: {e}); "
                           "its ops run eagerly", stacklevel=2)
             self.kernel_fallbacks[tile.name] = f"{type(e).__name__}: {e}"
             return reference.build(tile, graph)
@@ -178,6 +215,11 @@ class CompiledGraph:
 
     # --- run -----------------------------------------------------------------------
     def __call__(self, *args) -> list:
+        probe = self._probe
+        # AOTAutograd passes None for an input the graph never reads (linalg.inv's forward)
+        if probe >= 0 and args[probe] is not None and (
+                not args[probe].is_cpu if self._cpu_only else args[probe].is_meta):
+            return self._other_device(args)
         bindings = self.bindings
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
         env: list[Any] = list(args) + self.constants
@@ -209,6 +251,13 @@ class CompiledGraph:
                         and t.is_contiguous():
                     pool.give(t)
         return [get(env, syms) for get in self._outputs]
+
+    def _other_device(self, args) -> list:
+        if self.eager is not None:
+            return list(self.eager(*args))
+        runs = "/".join(self._devices) if self._devices else "non-meta"
+        raise DeviceError(f"graph {self.plan.graph.name} runs {runs} tensors; it was called "
+                          f"with a {args[self._probe].device.type} tensor")
 
     def measured_us(self) -> dict[str, float]:
         return {name: statistics.median(t) for name, t in self.timings.items() if t}

@@ -187,3 +187,25 @@ def test_random_column_reductions_match_eager():
             natives
 
     check()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kept", [1, 3, 7])
+def test_narrow_blocks_of_few_kept_elements(kept, threads, built):
+    """Fewer than NARROW_ROWS kept elements: a vector loop over the reduced elements per
+    kept element (sums, NaN-flagged maxima and minima, per-element outputs written in the
+    pass, a reduction over two dims, bf16), with and without split columns."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = rand(5, 700, kept) * 3.0
+        x[2, 100, 0] = float("nan")
+
+        def fn(x, b):
+            y = x * 2.0 + b  # stored by the pass that sums it
+            return y, y.sum(0), x.amax(0), x.amin((0, 1)), x.mean((0, 1)), (x - x.mean(0)).var(0)
+        check(fn, x, rand(700, kept), built=built, rtol=1e-4, atol=1e-4)
+        check(lambda x: x.sum(0), rand(3000, kept, dtype=torch.bfloat16), built=built,
+              rtol=2e-2, atol=0.5)
+    finally:
+        torch.set_num_threads(before)

@@ -773,9 +773,11 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path, bui
     monkeypatch.setattr(cpp, "warned_no_compiler", False)
     monkeypatch.setattr(cpp_build, "loaded", {})
     fn = lambda x: torch.softmax(x, -1) + x.exp()  # noqa: E731
+    monkeypatch.setattr(cpp_build, "compilers", {})
     with pytest.warns(UserWarning, match="no C.. compiler") as rec:
         check(fn, rand(8, 16), built=built, native=False)
     assert sum("compiler" in str(w.message) for w in rec) == 1
+    assert "CXX='/nonexistent/c++'" in str(rec[0].message)  # the one says why CXX is not used
     assert built and not any(k.native for _, k in built)
 
 

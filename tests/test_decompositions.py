@@ -79,6 +79,8 @@ CASES = {
                           lambda: (_rand(4, 6, 8), [8], _rand(8), _rand(8), 1e-5), None),
     "native_layer_norm_backward": (aten.native_layer_norm_backward.default, _layer_norm_stats,
                                    None),
+    "native_group_norm": (aten.native_group_norm.default,
+                          lambda: (_rand(2, 6, 5), _rand(6), _rand(6), 2, 6, 5, 3, 1e-5), None),
     "native_group_norm_backward": (aten.native_group_norm_backward.default, _group_norm_stats,
                                    None),
     "native_batch_norm.train": (aten.native_batch_norm.default, lambda: (

@@ -37,9 +37,10 @@ def compile_run(fn, *inputs, dynamic=False, target="cpu", backward=False):
         out = f(*args)
         if not backward:
             return out
-        grads = torch.autograd.grad(out.float().square().sum(),
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = torch.autograd.grad(sum(o.float().square().sum() for o in outs),
                                     [a for a in args if a.requires_grad])
-        return (out, *grads)
+        return (*outs, *grads)
 
     compiled = torch.compile(fn, backend="pypto", dynamic=dynamic,
                              options={"target": target, "fallback": "error"})
@@ -307,6 +308,57 @@ def test_cat_inside_reductions_builds(case):
     shape = next((v for k, v in second.items() if k in case), (2, 5, 8))
     out, ref, tiles = compile_run(CATS[case], torch.randn(2, 3, 8), torch.randn(*shape))
     torch.testing.assert_close(out, ref, **FP32)
+
+
+def test_column_cats_split_differently_and_nested():
+    """Two cats cutting the columns at different places, and a cat inside a cat's part
+    (Phi-3's partial rotary: cat(rotary(cat(-x2, x1)), pass)), are native: the column loop
+    runs one segment between any two part bounds."""
+    def rotate_half(x):
+        return torch.cat([-x[..., 8:], x[..., :8]], -1)
+
+    def fn(a, b, c, q, cos, sin):
+        split = torch.cat([a, b], -1) * torch.cat([c, a[..., :2]], -1)
+        q_rot = q[..., :16]
+        nested = torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q[..., 16:]], -1)
+        return split, nested.exp()
+
+    torch.manual_seed(12)
+    args = (torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 7), torch.randn(2, 3, 5, 32),
+            torch.randn(5, 16), torch.randn(5, 16))
+    out, ref, tiles = compile_run(fn, *args, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    cats = [(k, n) for k, n, _ in tiles if "cat" in k]
+    assert cats and all(n["native"] for _, n in cats), cats
+
+
+def test_cat_inside_a_cat_part_in_one_kernel():
+    """The planner keeps a cat's parts apart (another element count), but the analyser takes
+    a whole chain as one tile too: Phi-3's partial rotary, every op in one kernel."""
+    from pypto_inductor.codegen import reference
+    from pypto_inductor.fusion.planner import Planner
+    from pypto_inductor.hardware import get_hardware
+
+    def fn(q, cos, sin):
+        q_rot = q[..., :16]
+        rotated = torch.cat([-q_rot[..., 8:], q_rot[..., :8]], -1)
+        return torch.cat([q_rot * cos + rotated * sin, q[..., 16:]], -1).exp()
+
+    torch.manual_seed(13)
+    args = (torch.randn(2, 3, 5, 32), torch.randn(5, 16), torch.randn(5, 16))
+    with collect() as graphs:
+        torch.compile(fn, backend="pypto", options={"target": "reference", "fusion": False})(*args)
+    graph = graphs[0].plan.graph
+    planner = Planner(graph, get_hardware("host", None), pypto_inductor.parse_options({}))
+    tile = planner.make_tile(0, [n for n in graph.nodes if not n.is_view])
+    env = dict(zip(graph.inputs, args))
+    for n in graph.nodes:
+        if n.is_view:
+            env[n.name] = reference.op_runner(n, [])([env[a] for a in n.inputs], ())
+    kernel = cpp.build(tile, graph)
+    assert kernel.native, kernel.reason
+    inputs = [env[name] for name in tile.inputs]
+    torch.testing.assert_close(kernel(inputs, ()), [fn(*args)], **FP32)
 
 
 def test_emitter_error_names_the_tile_op(monkeypatch):

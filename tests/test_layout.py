@@ -32,7 +32,7 @@ LAYERS = [
     {"runtime", "calibrate"},
     {"report"},
     {"api", "backend"},
-    {"__init__", "__main__", "models"},
+    {"__init__", "__main__", "models", "zoo"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
@@ -156,7 +156,8 @@ def _private_uses(path: Path, local: set[str]) -> list[str]:
                 and node.func.attr in ("setattr", "setitem", "delattr") and len(node.args) >= 2 \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases \
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
-                and node.args[1].value.startswith("_"):
+                and node.args[1].value.startswith("_") \
+                and not node.args[1].value.startswith("__"):
             out.append(f"{path.name}:{node.lineno} patches {node.args[0].id}.{node.args[1].value}")
     return out
 

@@ -70,6 +70,16 @@ TARGET = os.environ.get("PYPTO_OPINFO_TARGET") or "reference"
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "opinfo.md"
 REGENERATE = "python tests/test_opinfo.py --write-docs"
+# The training sweep (tests/test_training_ops.py) writes its section at the end of
+# DOCS, from this marker on; regenerating the rest keeps it.
+TRAINING_MARKER = "<!-- training sweep: python tests/test_training_ops.py --write-docs -->"
+
+
+def training_section(text: str) -> str:
+    """The training sweep's section of a docs/opinfo.md text ("" if it has none)."""
+    at = text.find(TRAINING_MARKER)
+    return "\n" + text[at:] if at >= 0 else ""
+
 
 # Samples per OpInfo, spread evenly over its sample list (first and last included).
 MAX_SAMPLES = 6
@@ -115,7 +125,7 @@ RTOL = {torch.float32: 1.3e-5, torch.float64: 1e-7, torch.float16: 1e-3, torch.b
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-7, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
-def _full_name(op) -> str:
+def opinfo_name(op) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
@@ -124,7 +134,7 @@ def _families() -> list[str]:
     return [name.split(".", 1)[1] for name in lowered_op_names()]
 
 
-def _family_of(op, families: set[str]) -> str | None:
+def family_of(op, families: set[str]) -> str | None:
     candidates = [op.aten_name, op.name]
     for prefix in ("nn.functional.", "special."):
         if op.name.startswith(prefix):
@@ -140,13 +150,13 @@ def opinfo_plan() -> list[tuple[str, object]]:
     if op_db is None:
         return []
     families = set(_families())
-    by_full = {_full_name(op): op for op in op_db}
+    by_full = {opinfo_name(op): op for op in op_db}
     plan, seen = [], set()
     for op in op_db:
-        fam = _family_of(op, families)
-        if fam is not None and _full_name(op) not in EXCLUDED:
+        fam = family_of(op, families)
+        if fam is not None and opinfo_name(op) not in EXCLUDED:
             plan.append((fam, op))
-            seen.add(_full_name(op))
+            seen.add(opinfo_name(op))
     for fam, names in EXTRA_OPINFOS.items():
         assert fam in families, f"EXTRA_OPINFOS names {fam!r}, which has no lowering"
         for name in names:
@@ -154,10 +164,10 @@ def opinfo_plan() -> list[tuple[str, object]]:
             if name not in seen and name not in EXCLUDED:
                 plan.append((fam, by_full[name]))
                 seen.add(name)
-    matched = {_full_name(op) for op in op_db if _family_of(op, families)}
+    matched = {opinfo_name(op) for op in op_db if family_of(op, families)}
     stale = sorted(set(EXCLUDED) - matched)
     assert not stale, f"EXCLUDED names OpInfos that no claimed family matches: {stale}"
-    plan.sort(key=lambda p: (p[0], _full_name(p[1])))
+    plan.sort(key=lambda p: (p[0], opinfo_name(p[1])))
     return plan
 
 
@@ -168,7 +178,7 @@ def _dtype_for(op) -> torch.dtype | None:
     return next((d for d in FALLBACK_DTYPES if d in supported), None)
 
 
-def _pick(samples: list, k: int) -> list:
+def pick_samples(samples: list, k: int) -> list:
     if len(samples) <= k:
         return samples
     idx = sorted({round(i * (len(samples) - 1) / (k - 1)) for i in range(k)})
@@ -182,7 +192,7 @@ class Outcome:
     lowered: frozenset = frozenset()  # ATen families lowered to tile ops, e.g. "aten.add"
 
 
-def _signature(sample) -> str:
+def sample_signature(sample) -> str:
     """A short description of a sample's arguments, for failure messages."""
     def short(x):
         if isinstance(x, torch.Tensor):
@@ -194,7 +204,7 @@ def _signature(sample) -> str:
     return "(" + ", ".join(parts).replace("'", "") + ")"
 
 
-def _compare(actual, expected) -> None:
+def compare_outputs(actual, expected) -> None:
     a_leaves, a_spec = tree_flatten(actual)
     e_leaves, e_spec = tree_flatten(expected)
     if a_spec != e_spec:
@@ -211,7 +221,7 @@ def _compare(actual, expected) -> None:
             assert a == e or (a != a and e != e), f"{a!r} != {e!r}"
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     inner = getattr(e, "inner_exception", None)  # BackendCompilerFailed wraps the real error
     if inner is not None:
         e = inner
@@ -305,9 +315,9 @@ def run_sample(op, sample, keep: frozenset = frozenset()) -> Outcome:
         with collect() as graphs, checking_specs(), keeping(keep), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             actual = compiled()
-        _compare(actual, expected)
+        compare_outputs(actual, expected)
     except Exception as e:  # noqa: BLE001 - any error is a failure of this sample
-        return Outcome("fail", f"{_signature(sample)}: {_describe(e)}")
+        return Outcome("fail", f"{sample_signature(sample)}: {describe_error(e)}")
 
     reasons, lowered = [], set()
     for g in graphs:
@@ -345,7 +355,7 @@ def run_opinfo(family: str, op, dtype: torch.dtype | None = None,
     elif dtype not in op.supported_dtypes("cpu"):
         return {}
     torch.manual_seed(0)
-    samples = _pick(list(op.sample_inputs("cpu", dtype, requires_grad=False)), max_samples)
+    samples = pick_samples(list(op.sample_inputs("cpu", dtype, requires_grad=False)), max_samples)
     results = {"default": [run_sample(op, s) for s in samples]}
     keep = decomposed_overloads(family)
     if keep:
@@ -358,11 +368,11 @@ _PLAN = opinfo_plan()
 
 
 @pytest.mark.skipif(op_db is None, reason="torch.testing._internal needs expecttest")
-@pytest.mark.parametrize("family,op", _PLAN, ids=[f"{f}:{_full_name(o)}" for f, o in _PLAN])
+@pytest.mark.parametrize("family,op", _PLAN, ids=[f"{f}:{opinfo_name(o)}" for f, o in _PLAN])
 def test_opinfo(family, op):
     fails = [f"[{mode}] {o.detail}" for mode, outcomes in run_opinfo(family, op).items()
              for o in outcomes if o.status == "fail"]
-    assert not fails, f"{_full_name(op)}: {len(fails)} samples failed:\n" + "\n".join(fails)
+    assert not fails, f"{opinfo_name(op)}: {len(fails)} samples failed:\n" + "\n".join(fails)
 
 
 def test_every_family_has_an_opinfo():
@@ -381,11 +391,11 @@ def sweep(verbose: bool = True, dtype: torch.dtype | None = None,
     for fam, op in _PLAN:
         start = time.perf_counter()
         by_mode = run_opinfo(fam, op, dtype, max_samples)
-        results.append((fam, _full_name(op), by_mode))
+        results.append((fam, opinfo_name(op), by_mode))
         if verbose:
             counts = {m: dict(collections.Counter(o.status for o in outs))
                       for m, outs in by_mode.items()}
-            print(f"{fam:22s} {_full_name(op):28s} {counts} "
+            print(f"{fam:22s} {opinfo_name(op):28s} {counts} "
                   f"{time.perf_counter() - start:.1f}s", flush=True)
             for mode, outs in by_mode.items():
                 for o in outs:
@@ -427,7 +437,7 @@ def render(results) -> str:
     total, rows, never, n_families = _tally(results, "default")
     u_total, u_rows, u_never, _ = _tally(results, "undecomposed")
     n = sum(total.values())
-    integer_ops = sorted(f"{_full_name(op)} ({str(_dtype_for(op))[6:]})" for _, op in _PLAN
+    integer_ops = sorted(f"{opinfo_name(op)} ({str(_dtype_for(op))[6:]})" for _, op in _PLAN
                          if _dtype_for(op) != torch.float32)
     lines = [
         "# OpInfo sweep",
@@ -519,7 +529,7 @@ def main(argv=None) -> int:
         print(f"cannot import op_db: {_OP_DB_ERROR}", file=sys.stderr)
         return 2
     if args.k:
-        _PLAN = [(f, o) for f, o in _PLAN if args.k in _full_name(o) or args.k == f]
+        _PLAN = [(f, o) for f, o in _PLAN if args.k in opinfo_name(o) or args.k == f]
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)  # expected graph-break noise
     start = time.perf_counter()
     results = sweep(dtype=dtype, max_samples=args.max_samples)
@@ -528,7 +538,7 @@ def main(argv=None) -> int:
     print(f"sweep took {time.perf_counter() - start:.0f}s")
     if args.write_docs:
         DOCS.parent.mkdir(parents=True, exist_ok=True)
-        DOCS.write_text(text)
+        DOCS.write_text(text + training_section(DOCS.read_text() if DOCS.exists() else ""))
         print(f"wrote {DOCS}")
     return 0
 

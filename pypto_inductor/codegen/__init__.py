@@ -1,6 +1,7 @@
 """Codegen targets: each turns a FusionTile into a :class:`Kernel`.
 
-A target is a module satisfying :class:`Target`: ``check_available()`` raises
+A target is a module satisfying :class:`Target`: ``DEVICES`` names the device
+types its kernels run on (None: any); ``check_available()`` raises
 :class:`TargetUnavailable` naming what the machine lacks; ``build(tile, graph)``
 returns the tile's :class:`Kernel`; ``build_many(tiles, graph)`` returns the kernels
 of all FusionTiles of one graph at once (each entry a Kernel or the exception its
@@ -57,6 +58,10 @@ class Kernel:
 
 class Target(Protocol):
     """What a codegen target module provides."""
+
+    # The device types its kernels run on; None: any device torch computes on (not
+    # ``meta``, which has no data). Graphs on other devices run eagerly (runtime.py).
+    DEVICES: tuple[str, ...] | None
 
     def check_available(self) -> None:
         """Raise :class:`TargetUnavailable` when the target cannot run here."""

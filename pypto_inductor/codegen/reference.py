@@ -127,9 +127,29 @@ _BINARY = ["add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "
            "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
            "bitwise_xor", "atan2", "remainder", "fmod", "copysign", "fmax", "fmin", "hypot"]
 
+# Binary ops with no Scalar overload for their second operand.
+_TENSOR_ONLY = {"maximum", "minimum", "atan2", "fmax", "fmin", "hypot", "logical_and",
+                "logical_or", "logical_xor"}
+
+
+def _number_operands(name: str):
+    """aten.<name> taking a Python number (a folded 0-d constant) where it has no Scalar
+    overload (a unary op's operand, a binary op's first operand, or _TENSOR_ONLY) as a
+    0-d tensor, which type promotion treats alike."""
+    fn = getattr(aten, name)
+    wrap = range(2) if name in _TENSOR_ONLY else range(1)
+
+    def run(*args):
+        if any(isinstance(args[i], (bool, int, float)) for i in wrap if i < len(args)):
+            args = [torch.tensor(a) if i in wrap and isinstance(a, (bool, int, float)) else a
+                    for i, a in enumerate(args)]
+        return fn(*args)
+    return run
+
+
 # Canonical tile op -> torch implementation. Operands positional, attrs as keywords.
 REFERENCE: dict[str, Callable[..., Any]] = {
-    **{name: getattr(aten, name) for name in _UNARY + _BINARY},
+    **{name: _number_operands(name) for name in _UNARY + _BINARY},
     "div": lambda a, b, rounding_mode=None: aten.div(a, b, rounding_mode=rounding_mode)
     if rounding_mode else aten.div(a, b),
     "silu": F.silu, "mish": F.mish, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
@@ -189,6 +209,9 @@ def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
         return fn(*values, **dict(zip(keys, get_values(syms))))
 
     return run
+
+
+DEVICES = None  # torch runs the ops on any device
 
 
 def check_available() -> None:

@@ -89,7 +89,7 @@ def compute_dtype(ops: list[TileOp], graph: TileGraph, policy: str = "upcast") -
     return str(widest).replace("torch.", "") + (f" (upcast from {', '.join(narrow)})" if narrow else "")
 
 
-class _Planner:
+class Planner:
     def __init__(self, graph: TileGraph, hw: HardwareModel, config: Config):
         self.graph = graph
         self.hw = hw
@@ -263,6 +263,9 @@ class _Planner:
             if why:
                 return why, None
             acc += ops
+        why = self.cat_columns(merged)
+        if why:
+            return why, None
         if self.config.dtype_policy == "strict":
             dts = _float_dtypes(merged, self.graph)
             if len(dts) > 1:
@@ -276,6 +279,22 @@ class _Planner:
             return (f"capacity: fused footprint {fused.footprint_bytes} B at tile "
                     f"{'x'.join(map(str, fused.tile_shape))} exceeds {fused.capacity_bytes} B"), roi
         return None, roi
+
+    def cat_columns(self, merged: list[TileOp]) -> str | None:
+        """A cat along the last dim splits a kernel's column loop at its parts, so the ops
+        iterating the same elements must have its last dim (a sibling of another shape,
+        e.g. q's rotate_half next to k's rotary, would cut the columns elsewhere)."""
+        hint = self.graph.hint
+        for cat in merged:
+            if cat.op != "cat" or cat.attrs["dim"] != len(cat.out.shape) - 1:
+                continue
+            numel, last = hint(cat.out.numel), hint(cat.out.shape[-1])
+            for op in merged:
+                if op.kind is not OpKind.REDUCTION and op.out.shape \
+                        and hint(op.out.numel) == numel and hint(op.out.shape[-1]) != last:
+                    return (f"cat {cat.name} along the last dim ({last}) and {op.name} (last dim "
+                            f"{hint(op.out.shape[-1])}) would cut one kernel's columns apart")
+        return None
 
     def computed_in(self, name: str, defined: set[str]) -> bool:
         """Whether ``name`` is computed by an op of ``defined``, seen through reshapes."""
@@ -416,7 +435,7 @@ def _write_after_read_edges(graph: TileGraph, producers: dict, seen: set) -> lis
 
 
 def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPlan:
-    planner = _Planner(graph, hw, config)
+    planner = Planner(graph, hw, config)
     decisions = planner.run()
     tiles, steps = [], []
     for gid in planner.schedule():

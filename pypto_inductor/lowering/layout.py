@@ -163,10 +163,15 @@ def lower_unbind(ctx, x, dim=0):
 @register_lowering(aten.cat)
 def lower_cat(ctx, tensors, dim=0):
     out = ctx.out_spec
-    # ATen skips legacy 1-D empty inputs; if every input is one, the result is one too.
-    parts = [t for t in tensors if ctx.spec(t).shape != (0,)] or list(tensors[:1])
-    parts = [_cast(ctx, t, out.dtype) for t in parts]  # cat promotes mixed dtypes
-    return ctx.emit("cat", OpKind.LAYOUT, tuple(parts), dim=int(dim) % len(out.shape))
+    dim = int(dim) % len(out.shape)
+    # ATen skips legacy 1-D empty inputs; if every input is one, the result is one too. Parts
+    # empty along the cat dim add nothing (an empty KV cache before the first token).
+    parts = [t for t in tensors if ctx.spec(t).shape != (0,)
+             and not (len(ctx.spec(t).shape) == len(out.shape) and ctx.spec(t).shape[dim] == 0)]
+    parts = [_cast(ctx, t, out.dtype) for t in parts or tensors[:1]]  # cat promotes dtypes
+    if len(parts) == 1 and ctx.spec(parts[0]).shape == out.shape:
+        return ctx.pointwise("copy", (parts[0],))
+    return ctx.emit("cat", OpKind.LAYOUT, tuple(parts), dim=dim)
 
 
 def _cast(ctx, x, dtype):

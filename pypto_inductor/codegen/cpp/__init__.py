@@ -35,6 +35,8 @@ from .program import SYMBOL, NotNative, Program
 __all__ = ["build", "build_many", "check_available", "analyse", "generate_source", "NotNative",
            "Program", "SYMBOL"]
 
+DEVICES = ("cpu",)  # the kernels read host memory (the runtime runs other devices eagerly)
+
 # --- build ----------------------------------------------------------------------------
 warned_no_compiler = False  # the missing compiler is reported once per process
 
@@ -132,8 +134,10 @@ def _have_compiler() -> bool:
         return True
     if not warned_no_compiler:
         warned_no_compiler = True
-        warnings.warn("pypto_inductor: no C++ compiler found (set CXX or install g++); "
-                      "the cpu target runs the reference executor", stacklevel=5)
+        why = compiler.cxx_problem()  # a $CXX that does not work: said here, once
+        warnings.warn("pypto_inductor: no C++ compiler found (" + (f"{why}; " if why else "")
+                      + "set CXX or install g++); the cpu target runs the reference executor",
+                      stacklevel=5)
     return False
 
 
@@ -148,11 +152,18 @@ def _prepare(tile: FusionTile, graph: TileGraph):
                 return matmul.assemble(tile, graph, planned, None)
             program = analyse(sub, sub_graph)
             return Pending(program, generate_source(program),
-                            lambda epi: matmul.assemble(tile, graph, planned, epi))
+                           lambda epi: matmul.assemble(tile, graph, planned, epi))
         program = analyse(tile, graph)
         return Pending(program, generate_source(program), lambda kernel: kernel)
     except NotNative as e:
         return _reference(tile, graph, str(e))
+    except Exception as e:  # noqa: BLE001 - a bug in analysis or emission: say where
+        raise TileBuildError(f"writing C++ for {tile.name} ({' '.join(tile.op_names)}) failed: "
+                             f"{type(e).__name__}: {e}") from e
+
+
+class TileBuildError(RuntimeError):
+    """Analysing or writing a tile's C++ failed: names the tile, its ops and the error."""
 
 
 def _finish(prepared: Pending, fn):

@@ -333,6 +333,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
                 for x, spec in outputs):
             raise NotNative("a column reduction's per-element output is not in the tile's "
                             "order (another shape, or reduced dims not leading)")
+        self.column_segments()
         m = self.m if axes else self.pointwise_columns()
         # a column reduction vectorises along its last kept dim, the others along columns
         along = range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
@@ -353,7 +354,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
                     users[a].append(op)
         out: set[str] = set()
         for op in reversed(self.tile.ops):
-            if op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) \
+            column_cat = op.op == "cat" and op.attrs["dim"] == len(op.out.shape) - 1
+            if (op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) or column_cat) \
                     and op.name not in self.tile.outputs and users[op.name] \
                     and all(u.op in ("cat", "pad") or u.name in out for u in users[op.name]):
                 out.add(op.name)
@@ -388,22 +390,29 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         kind, _, frame, cut = ctx
         n = len(self.D)
         row = dim < len(shape) - 1  # along a leading dim: a select on the row index
-        if self.shift is not None or kind != "col" or cut or tuple(frame) != shape or (
+        outer = self.shift  # a column cat inside a column cat's part: nested
+        nested = outer is not None and not row and outer[0] == len(outer[2]) - 1
+        if (outer is not None and not nested) or kind != "col" or cut \
+                or tuple(frame) != shape or (
                 row and (not _same_shape(shape, self.D) or dim >= n - max(self.m_red, 1))) \
-                or (not row and (not _same(shape[-1], self.D[-1]) or self.m_red > 1)):
+                or (not row and ((not nested and not _same(shape[-1], self.D[-1]))
+                                 or self.m_red > 1)):
             raise NotNative(f"{op.op} along dim {dim} of {list(shape)} is not native yet "
                             f"(only along the tile's columns or its row dims)")
-        args, bounds, off = [], [], sympy.Integer(0)
+        base = outer[1] if nested else sympy.Integer(0)
+        full = outer[2] if nested else shape
+        args, bounds, spans, off = [], [], [], sympy.Integer(0)
         for a, length in parts:
             if isinstance(a, Lit):  # a pad's fill
                 args.append(a)
             else:
                 part = tuple(self.graph.specs[a].shape)
-                self.shift = (dim, off, shape)
+                self.shift = (dim, base + off, full)
                 try:
                     args.append(self.operand(a, self.context(part)))
                 finally:
-                    self.shift = None
+                    self.shift = outer
+            spans.append((base + off, base + off + sympy.sympify(length)))
             off = off + sympy.sympify(length)
             bounds.append(off)
         bounds = bounds[:-1]
@@ -411,13 +420,46 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
             self.row_cat_dims.append(dim)
             return self.node("op", "col", args, op.out.dtype, shape, op="cat",
                              common=op.out.dtype, dim=dim, row_bounds=bounds)
-        if self.cat_bounds is None:
-            self.cat_bounds = bounds
-        elif len(bounds) != len(self.cat_bounds) or \
-                not all(_same(x, y) for x, y in zip(bounds, self.cat_bounds)):
-            raise NotNative("cats splitting the columns differently are not native yet")
+        # the column loop runs one segment between each two part bounds of any cat
+        # (column_segments); each cat takes the part spanning the segment
+        self.cat_bounds = (self.cat_bounds or []) + [b for b, _ in spans[1:]]
+        if nested:
+            self.cat_bounds += [spans[0][0], spans[-1][1]]
         return self.node("op", "col", args, op.out.dtype, shape, op="cat",
-                         common=op.out.dtype, dim=dim)
+                         common=op.out.dtype, dim=dim, spans=tuple(spans))
+
+    def column_segments(self) -> None:
+        """``cat_bounds``: every column cat's part bounds, in order (so provably, sizes being
+        symbolic); each cat node gets ``segments``: the index of its part spanning each
+        segment (None where the cat is not read: outside an enclosing cat's part)."""
+        if not self.cat_bounds:
+            return
+        cols = self.D[-1]
+        cuts: list = []
+        for b in self.cat_bounds:
+            if not any(_same(b, c) for c in cuts) and not _same(b, 0) and not _same(b, cols):
+                cuts.append(b)
+        spans = {tuple(x.attrs["spans"]) for x in self.nodes
+                 if x.kind == "op" and "spans" in x.attrs}
+        one_split = len(spans) == 1 and all(_same(b, c) for b, c in zip(
+            [b for _, b in next(iter(spans))[:-1]], cuts))
+        if not one_split:  # the parts of several cats: their order must hold at every size
+            cuts.sort(key=self.graph.hint)
+            for lo, hi in zip([sympy.Integer(0), *cuts], [*cuts, cols]):
+                if (sympy.sympify(hi) - sympy.sympify(lo)).is_nonnegative is not True:
+                    raise NotNative("cats whose parts' order depends on the sizes are not "
+                                    "native yet")
+        self.cat_bounds = cuts
+        ends = [sympy.Integer(0), *cuts, cols]
+        hint = self.graph.hint
+        for x in self.nodes:
+            spans = x.attrs.get("spans") if x.kind == "op" else None
+            if spans is None:
+                continue
+            x.attrs["segments"] = [
+                next((k for k, (a, b) in enumerate(spans)
+                      if hint(a) <= hint(lo) and hint(hi) <= hint(b)), None)
+                for lo, hi in zip(ends[:-1], ends[1:])]
 
     def pointwise_columns(self) -> int:
         n = len(self.D)

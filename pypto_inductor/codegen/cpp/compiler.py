@@ -9,22 +9,32 @@ sha256 of source + compiler version + flags (+ the host CPU when the flags say
 ``-march=native``). A library is written to a temporary file and moved into
 place with ``os.replace`` while holding a file lock, so concurrent processes
 compiling the same kernel are safe; each entry has a checksum side file, and an
-entry that fails its checksum or does not load is rebuilt.
+entry that fails its checksum, lacks a symbol or does not load is rebuilt.
+Temporaries a killed build left behind are removed the first time a process
+uses the cache (those whose entry's lock is free). The compiler is ``$CXX``
+(a command, flags allowed: ``ccache g++``, ``g++ -O0``), else ``c++``, ``g++``,
+``clang++``; each is probed once by compiling and loading a tiny library, and a
+``$CXX`` that fails the probe gets a warning naming it.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from ... import config
 from ...hardware import usable_cpus
@@ -41,7 +51,11 @@ stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0}
 
 loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this process
 _lock = threading.Lock()  # guards stats and loaded across load_many's threads
-_compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
+compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
+_cxx_problems: dict[tuple, str] = {}  # (CXX, PATH) -> why $CXX is not a working compiler
+_swept: set[str] = set()  # cache directories whose stale temporaries this process removed
+_opened: set[str] = set()  # library paths this process has dlopen'ed
+_reloads = itertools.count()
 
 
 class CompilerNotFound(RuntimeError):
@@ -55,50 +69,126 @@ class CompileError(RuntimeError):
 def cache_dir() -> Path:
     path = config.cache_dir("cpp")
     path.mkdir(parents=True, exist_ok=True)
+    if str(path) not in _swept:
+        _swept.add(str(path))
+        sweep_temporaries(path)
     return path
 
 
-def _candidates() -> list[str]:
-    names = []
-    if os.environ.get("CXX"):
-        names.append(os.environ["CXX"])
-    return names + ["c++", "g++", "clang++"]
+_KEYED_TMP = re.compile(r"([0-9a-f]{64})\..*\.so\.tmp(\.sha256)?$")
+_RELOAD = re.compile(r"[0-9a-f]{64}\.reload\d+_\d+\.so$")  # see _open
+
+
+def sweep_temporaries(root: Path) -> int:
+    """Remove the ``*.so.tmp`` files builds killed mid-compile left in ``root``; returns how
+    many. A temporary is named after its entry's key, and its build holds that entry's lock:
+    it is stale when the lock is free. Unkeyed ones (older versions) go once older than two
+    compile timeouts."""
+    removed = 0
+    for tmp in [*root.glob("*.so.tmp*"), *root.glob("*.reload*.so")]:
+        match = _KEYED_TMP.match(tmp.name)
+        try:
+            if match:
+                lock = FileLock(str(root / f"{match.group(1)}.lock"), timeout=0)
+                with lock:  # raises Timeout while a build of that entry runs
+                    tmp.unlink(missing_ok=True)
+            elif (_RELOAD.match(tmp.name) or tmp.name.endswith((".so.tmp", ".so.tmp.sha256"))) \
+                    and time.time() - tmp.stat().st_mtime > 2 * COMPILE_TIMEOUT_S:
+                tmp.unlink(missing_ok=True)
+            else:
+                continue
+            removed += 1
+        except (OSError, Timeout):
+            continue
+    return removed
+
+
+_PROBE = 'extern "C" int pi_probe(void) { return 42; }\n'
+
+
+def _probe(cmd: list[str], flags) -> str | None:
+    """None when ``cmd`` compiles a tiny library with ``flags`` that loads and runs, else
+    what went wrong."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = Path(tmp) / "probe.cpp", Path(tmp) / "probe.so"
+        src.write_text(_PROBE)
+        try:
+            out = subprocess.run([*cmd, *flags, str(src), "-o", str(lib)], capture_output=True,
+                                 text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"it does not run ({e})"
+        if out.returncode != 0:
+            err = " ".join((out.stderr or out.stdout).split())  # one line, for the warning
+            return f"it failed on a test file: {err[:300]}"
+        if not lib.exists():
+            return "it wrote no library for a test file"
+        try:
+            if ctypes.CDLL(str(lib)).pi_probe() != 42:
+                return "the library it wrote for a test file returns the wrong value"
+        except (OSError, AttributeError) as e:
+            return f"the library it wrote for a test file does not load ({e})"
+    return None
+
+
+def _command(name: str) -> list[str] | None:
+    """``name`` as a command line: its program resolved on PATH, then its arguments."""
+    words = shlex.split(name)
+    path = shutil.which(words[0]) if words else None
+    return [path, *words[1:]] if path else None
 
 
 def find_compiler() -> tuple[str, str, tuple[str, ...]] | None:
-    """(compiler path, version line, flags) for the first working compiler, or None."""
-    key = (os.environ.get("CXX"), os.environ.get("PATH"))
-    if key in _compilers:
-        return _compilers[key]
+    """(compiler path, version line, flags) for the first working compiler, or None.
+
+    ``$CXX`` is a command line (its arguments go after our flags, so ``g++ -O0`` builds at
+    -O0); candidates that do not compile a loadable test library are skipped. A ``$CXX``
+    skipped for another compiler gets a warning naming it; with no compiler at all the
+    caller's one warning says why (:func:`cxx_problem`)."""
+    cxx = os.environ.get("CXX")
+    key = (cxx, os.environ.get("PATH"))
+    if key in compilers:
+        return compilers[key]
     found = None
-    for name in _candidates():
-        path = shutil.which(name)
-        if path is None:
-            continue
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode != 0:
-            continue
-        version = (out.stdout.strip().splitlines() or [path])[0]
-        found = (path, version, _flags_for(path))
-        break
-    _compilers[key] = found
+    cxx_problem = None
+    try:
+        shlex.split(cxx or "")
+    except ValueError:  # unbalanced quotes
+        cxx_problem = f"CXX={cxx!r} is not a command line"
+        cxx = None
+    for name in ([cxx] if cxx else []) + ["c++", "g++", "clang++"]:
+        cmd = _command(name)
+        problem = f"{(shlex.split(name) or [''])[0]!r} is not found" if cmd is None else None
+        if cmd is not None:
+            try:
+                out = subprocess.run([*cmd, "--version"], capture_output=True, text=True,
+                                     timeout=30)
+                version = (out.stdout.strip().splitlines() or [cmd[0]])[0]
+            except (OSError, subprocess.SubprocessError) as e:
+                out, version, problem = None, "", f"it does not run ({e})"
+            if out is not None and out.returncode != 0:
+                problem = "`--version` fails"
+        if problem is None:
+            flags = (*NATIVE_FLAGS, *BASE_FLAGS)  # -march=native where the compiler takes it
+            problem = _probe(cmd, (*flags, *cmd[1:]))
+            if problem is not None:
+                flags = BASE_FLAGS
+                problem = _probe(cmd, (*flags, *cmd[1:]))
+        if problem is None:
+            found = (cmd[0], version, (*flags, *cmd[1:]))
+            break
+        if name == cxx:
+            cxx_problem = f"CXX={cxx!r} is not a working C++ compiler: {problem}"
+    if cxx_problem:
+        _cxx_problems[key] = cxx_problem
+        if found is not None:
+            warnings.warn(f"pypto_inductor: {cxx_problem}; using {found[0]}", stacklevel=2)
+    compilers[key] = found
     return found
 
 
-def _flags_for(cxx: str) -> tuple[str, ...]:
-    """The base flags plus -march=native when the compiler accepts it here."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "probe.cpp"
-        src.write_text("extern \"C\" int probe(void) { return 1; }\n")
-        cmd = [cxx, *NATIVE_FLAGS, *BASE_FLAGS, str(src), "-o", str(Path(tmp) / "probe.so")]
-        try:
-            ok = subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-    return (*NATIVE_FLAGS, *BASE_FLAGS) if ok else BASE_FLAGS
+def cxx_problem() -> str | None:
+    """Why ``$CXX`` was skipped by :func:`find_compiler` (for its caller's warning), or None."""
+    return _cxx_problems.get((os.environ.get("CXX"), os.environ.get("PATH")))
 
 
 def _host_id() -> str:
@@ -128,17 +218,46 @@ def checksum(path: Path) -> str:
 
 
 def _try_load(so: Path, symbols) -> ctypes.CDLL | None:
-    """The library if it exists, matches its checksum, loads and has all ``symbols``."""
+    """The library if it exists, matches its checksum, names all ``symbols`` and loads.
+
+    The names are looked for in the file before it is opened: a library once loaded in
+    this process stays loaded under its path (dlopen returns it again), so a stale one
+    opened here could not be replaced by its rebuild."""
     side = so.with_suffix(".sha256")
     try:
-        if not so.exists() or not side.exists() or side.read_text().strip() != checksum(so):
+        if not so.exists() or not side.exists():
             return None
-        lib = ctypes.CDLL(str(so))
+        data = so.read_bytes()
+        if side.read_text().strip() != hashlib.sha256(data).hexdigest():
+            return None
+        if any(symbol.encode() + b"\0" not in data for symbol in symbols):
+            return None
+        lib = _open(so)
         for symbol in symbols:
             getattr(lib, symbol)
         return lib
     except (OSError, AttributeError):
         return None
+
+
+def _open(so: Path) -> ctypes.CDLL:
+    """dlopen ``so``. A path this process opened before goes through a fresh hard link:
+    dlopen hands back the library already loaded under a name, even after a rebuild
+    replaced the file. The link is removed once loaded (the mapping stays)."""
+    with _lock:
+        first = str(so) not in _opened
+        _opened.add(str(so))
+    if first:
+        return ctypes.CDLL(str(so))
+    fresh = so.with_name(f"{so.stem}.reload{os.getpid()}_{next(_reloads)}.so")
+    try:
+        os.link(so, fresh)
+    except OSError:
+        shutil.copyfile(so, fresh)
+    try:
+        return ctypes.CDLL(str(fresh))
+    finally:
+        fresh.unlink(missing_ok=True)
 
 
 def _count(name: str) -> None:
@@ -151,7 +270,7 @@ def compile_library(source: str, compiler, out: Path, extra_flags=()) -> None:
     flags = (*flags, *extra_flags)
     src = out.with_suffix(".cpp")
     src.write_text(source)
-    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{out.stem}.", suffix=".so.tmp", dir=out.parent)
     os.close(fd)
     cmd = [path, *flags, str(src), "-o", tmp]
     try:
@@ -180,7 +299,9 @@ def load_library(source: str, symbols=(), flags=()) -> ctypes.CDLL:
     ``flags`` are added to the compiler's (an include path, say)."""
     compiler = find_compiler()
     if compiler is None:
-        raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++)")
+        why = cxx_problem()
+        raise CompilerNotFound("no C++ compiler found (tried $CXX, c++, g++, clang++"
+                               + (f"; {why})" if why else ")"))
     key = cache_key(source, compiler, flags)
     lib = loaded.get(key)
     if lib is not None:

@@ -22,6 +22,14 @@ from .ops import conv, ctype, expression, identity, load, store
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
+# A float sum adds SUM_BLOCK reduced elements into fp32 partial sums, then each partial into
+# a double total: one fp32 accumulator saturates over very many rows; blocked, the error
+# stays near eager's (docs/benchmarks.md).
+SUM_BLOCK = 256
+# Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
+# reduced elements inside: a vector loop over 4 elements per reduced one is slow
+# (docs/benchmarks.md).
+NARROW_ROWS = 8
 
 
 class ColumnEmitter(RowEmitter):
@@ -59,7 +67,7 @@ class ColumnEmitter(RowEmitter):
         # pass 1 per (block, column part) into partial accumulators, then one item per
         # block combines them
         for x in reds:
-            t = ctype(x.dtype)
+            t = "double" if self.wide(x) else ctype(x.dtype)
             w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
             if self.has_nan(x):
                 w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
@@ -67,7 +75,7 @@ class ColumnEmitter(RowEmitter):
         self.row_nodes(0)
         self.init(reds)
         self.sweep(reds, outs)
-        self.block_loop([f"part{x.id}[s * R + r0 + j] = acc{x.id}[j];" for x in reds] +
+        self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
                         [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
                          for x in reds if self.has_nan(x)])
         w("  }")
@@ -75,12 +83,16 @@ class ColumnEmitter(RowEmitter):
         self.row_nodes(0)
         for x in reds:
             self.declare(x)
-            lines = [f"acc{x.id}[j] = part{x.id}[r0 + j];"]
+            acc = self.total(x)
+            lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
             if self.has_nan(x):
                 lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
             lines.append("for (int64_t q = 1; q < S; ++q) {")
-            lines += ["  " + line for line in self.update(
-                x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
+            if self.wide(x):
+                lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
+            else:
+                lines += ["  " + line for line in self.update(
+                    x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
             lines.append("}")
             self.block_loop(lines)
         self.finish(reds, 1)
@@ -163,16 +175,26 @@ class ColumnEmitter(RowEmitter):
     def has_nan(x) -> bool:  # a float max/min keeps a NaN flag (the result is NaN if any)
         return ctype(x.dtype) == "float" and x.attrs["red"] != "sum"
 
+    @staticmethod
+    def wide(x) -> bool:  # a float sum: fp32 partials per SUM_BLOCK, a double total
+        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum"
+
+    def total(self, x) -> str:
+        """The array holding x's running result over the block (``tot`` for a float sum)."""
+        return f"tot{x.id}" if self.wide(x) else f"acc{x.id}"
+
     def declare(self, x) -> None:
         """Reduction x's per-row accumulators, values and NaN flags over the block."""
         self.w(f"    {ctype(x.dtype)} acc{x.id}[{ROWS_PER_BLOCK}], v{x.id}[{ROWS_PER_BLOCK}];")
+        if self.wide(x):
+            self.w(f"    double tot{x.id}[{ROWS_PER_BLOCK}];")
         if self.has_nan(x):
             self.w(f"    int nan{x.id}[{ROWS_PER_BLOCK}];")
 
     def init(self, reds) -> None:
         for x in reds:
             self.declare(x)
-            self.block_loop([f"acc{x.id}[j] = {identity(x)};"] +
+            self.block_loop([f"{self.total(x)}[j] = {identity(x)};"] +
                             ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
 
     def update(self, x, v: str, nan: str) -> list[str]:
@@ -187,7 +209,8 @@ class ColumnEmitter(RowEmitter):
     def finish(self, reds, stage: int) -> None:
         """The reductions' values, then the row values computed from them."""
         self.block_loop([f"v{x.id}[j] = nan{x.id}[j] ? NAN : acc{x.id}[j];" if self.has_nan(x)
-                         else f"v{x.id}[j] = acc{x.id}[j];" for x in reds])
+                         else f"v{x.id}[j] = ({ctype(x.dtype)}){self.total(x)}[j];"
+                         for x in reds])
         self.row_nodes(stage)
 
     def outputs(self) -> None:
@@ -214,16 +237,22 @@ class ColumnEmitter(RowEmitter):
         memory is column-major over the analysed domain)."""
         p, w = self.p, self.w
         deps = self.col_deps([a for x in reds for a in x.args] + [x for _, x, _ in outs])
-        for path in ("fast", "generic"):
-            w("    if (fast) {" if path == "fast" else "    else {")
-            w("     for (int64_t c = c_lo; c < c_hi; ++c) {")
-            w("      int64_t u = c; (void)u;")
-            for d in range(self.n - 1, self.outer - 1, -1):
-                w(f"      const int64_t u{d} = u % D{d}; u /= D{d};")
-            for k, a in enumerate(p.accesses):
-                if a.col:
-                    off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
-                    w(f"      const int64_t o{k} = {off};")
+        wide = [x for x in reds if self.wide(x)]
+        lo, hi = "c_lo", "c_hi"
+        if wide:  # blocks of SUM_BLOCK reduced elements: fp32 partials, then double totals
+            w(f"    for (int64_t cb = c_lo; cb < c_hi; cb += {SUM_BLOCK}) {{")
+            w(f"    const int64_t ce = std::min<int64_t>(cb + {SUM_BLOCK}, c_hi);")
+            self.block_loop([f"acc{x.id}[j] = 0;" for x in wide])
+            lo, hi = "cb", "ce"
+        for path in ("narrow", "fast", "generic"):
+            w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
+               "generic": "    else {"}[path])
+            if path == "narrow":
+                self.narrow(reds, outs, deps, lo, hi)
+                w("    }")
+                continue
+            w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
+            self.offsets("      ")
             w("      #pragma omp simd")
             w("      for (int64_t j = 0; j < nr; ++j) {")
             for x in deps:
@@ -237,3 +266,53 @@ class ColumnEmitter(RowEmitter):
             w("      }")
             w("     }")
             w("    }")
+        if wide:
+            self.block_loop([f"tot{x.id}[j] += acc{x.id}[j];" for x in wide])
+            w("    }")
+
+    def offsets(self, ind: str) -> None:
+        """Reduced element c's index per reduced dim (u<d>) and each access's offset there."""
+        w = self.w
+        w(f"{ind}int64_t u = c; (void)u;")
+        for d in range(self.n - 1, self.outer, -1):
+            w(f"{ind}const int64_t u{d} = u % D{d}; u /= D{d};")
+        w(f"{ind}const int64_t u{self.outer} = u;")  # below D{outer}: no division
+        for k, a in enumerate(self.p.accesses):
+            if a.col:
+                off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
+                w(f"{ind}const int64_t o{k} = {off};")
+
+    def narrow(self, reds, outs, deps, lo: str, hi: str) -> None:
+        """The fast path for a block of few kept elements: each kept element j in turn, a
+        vector loop over the reduced elements into scalar accumulators, folded into j's."""
+        w = self.w
+        w("     for (int64_t j = 0; j < nr; ++j) {")
+        clauses = []
+        for x in reds:
+            t, red = ctype(x.dtype), x.attrs["red"]
+            w(f"      {t} s{x.id} = {'0' if red == 'sum' else identity(x)};")
+            clauses.append(f"reduction({'+' if red == 'sum' else red}:s{x.id})")
+            if self.has_nan(x):
+                w(f"      int sn{x.id} = 0;")
+                clauses.append(f"reduction(|:sn{x.id})")
+        w(f"      #pragma omp simd {' '.join(clauses)}")
+        w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
+        self.offsets("        ")
+        for x in deps:
+            self.define(x, "        ", col=True, path="fast")
+        for x in reds:
+            v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
+            if x.attrs["red"] == "sum":
+                w(f"        s{x.id} += {v};")
+                continue
+            cmp = ">" if x.attrs["red"] == "max" else "<"
+            w(f"        s{x.id} = ({v} {cmp} s{x.id}) ? {v} : s{x.id};")
+            if self.has_nan(x):
+                w(f"        sn{x.id} |= ({v} != {v});")
+        for k, x, spec in outs:
+            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+        w("      }")
+        for x in reds:
+            for line in self.update(x, f"s{x.id}", f"sn{x.id}"):
+                w(f"      {line}")
+        w("     }")

@@ -14,13 +14,17 @@ from __future__ import annotations
 import sympy
 
 from .indexing import gather_address, index_prologue, iota
-from .ops import (EXTRA_PRELUDE, STORAGE, conv, ctype, expression, finalize, identity, literal,
-                  load, number, size, store)
+from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
+                  identity, literal, load, number, size, store)
 from .prelude import PRELUDE
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
 REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.interleaved)
+# A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
+# into a double: one fp32 total loses precision over very long rows (docs/benchmarks.md has
+# the errors and the cost of smaller blocks).
+SUM_BLOCK = 16384
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads (the block shape measured on attention's K^T copy: docs/benchmarks.md).
@@ -215,7 +219,7 @@ class RowEmitter:
             for s in range(len(x.args) - 2, -1, -1):
                 rhs = f"(i{x.attrs['dim']} < RB{x.id}_{s} ? {self.part(x, x.args[s])} : {rhs})"
         elif x.kind == "op" and x.attrs["op"] == "cat":  # this segment's part
-            rhs = self.part(x, x.args[self.seg])
+            rhs = self.part(x, self.segment_part(x))
         elif x.kind == "gather":  # an indexed read (indexing.py)
             k = x.attrs["access"]
             inp = self.p.accesses[k].input
@@ -232,6 +236,14 @@ class RowEmitter:
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
             self.storing.add(x.id)
+
+    def segment_part(self, x):
+        """The operand a column cat takes in the segment being emitted."""
+        segments = x.attrs.get("segments")
+        k = self.seg if segments is None else segments[self.seg]
+        if k is None:
+            raise NotEmittable(f"a cat ({x.origin}) read outside its enclosing part")
+        return x.args[k]
 
     def part(self, x, a) -> str:
         """A cat part's value in the cat's dtype (a pad's fill is a literal)."""
@@ -264,11 +276,11 @@ class RowEmitter:
                     continue
                 args = x.args
                 if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
-                    args = [args[self.seg]]
+                    args = [self.segment_part(x)]
                 stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
-    def loop(self, has_fast: bool, targets, tail) -> None:
+    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1")) -> None:
         """The column loop computing ``targets`` then running ``tail(path, lane)`` lines."""
         reductions = [x for x in targets if x.kind == "reduce"]
         paths = ["fast", "generic"] if has_fast else ["generic"]
@@ -289,8 +301,9 @@ class RowEmitter:
                 self.seg = s
                 deps = self.col_deps([a for x in reductions for a in x.args] + [
                     x for x in targets if x.kind != "reduce"])
-                lo = "c0" if s == 0 else f"std::max<int64_t>(c0, CB{s})"
-                hi = "c1" if s == segs - 1 else f"std::min<int64_t>(c1, CB{s + 1})"
+                c0, c1 = bounds
+                lo = c0 if s == 0 else f"std::max<int64_t>({c0}, CB{s})"
+                hi = c1 if s == segs - 1 else f"std::min<int64_t>({c1}, CB{s + 1})"
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
@@ -406,7 +419,11 @@ class RowEmitter:
         for stage in range(1, self.passes + 1):
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                     and self.stage[x.id] == stage]
+            wide = [x for x in reds if x.attrs["red"] == "sum" and ctype(x.dtype) == "float"]
             for x in reds:
+                if x in wide:  # blocked: fp32 per SUM_BLOCK columns, double across blocks
+                    w(f"    double tot{x.id} = 0.0;")
+                    continue
                 w(f"    {ctype(x.dtype)} acc{x.id} = {identity(x)};")
                 if x.attrs["red"] != "sum" and ctype(x.dtype) == "float":
                     w(f"    int nan{x.id} = 0;")
@@ -425,11 +442,22 @@ class RowEmitter:
                         out.append(f"nan{x.id}{lane} |= ({v} != {v});")
                 return out
 
-            self.loop(has_fast, reds, tail)
+            if wide:
+                w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {SUM_BLOCK}) {{")
+                w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {SUM_BLOCK}, c1);")
+                for x in wide:
+                    w(f"    float acc{x.id} = 0.0f;")
+                self.loop(has_fast, reds, tail, ("cb0", "cb1"))
+                for x in wide:
+                    w(f"    tot{x.id} += acc{x.id};")
+                w("    }")
+            else:
+                self.loop(has_fast, reds, tail)
             self.stored |= self.storing
             for x in reds:
                 val = f"(nan{x.id} ? NAN : acc{x.id})" if x.attrs["red"] != "sum" \
                     and ctype(x.dtype) == "float" else f"acc{x.id}"
+                val = f"(float)tot{x.id}" if x in wide else val
                 w(f"    const {ctype(x.dtype)} v{x.id} = {val};")
             self.row_nodes(stage)
         col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]

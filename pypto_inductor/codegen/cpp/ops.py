@@ -42,7 +42,9 @@ def finalize(e: str, dt) -> str:
         return f"rnd_bf16((float)({e}))"
     if dt == torch.bool:
         return f"(bool)({e})"
-    return f"(int64_t)({STORAGE[dt]})({e})"
+    if dt == torch.int64:  # pi_i64/pi_i32: a float converts as eager does (NaN -> INT_MIN)
+        return f"pi_i64({e})"
+    return f"(int64_t)({STORAGE[dt]})pi_i32({e})"  # narrower types wrap as eager's do
 
 
 def conv(e: str, src, dst) -> str:
@@ -108,6 +110,9 @@ def _pow(a, n):
         special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
                    -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
                    -2: f"(1.0f / ({x} * {x}))", 0: "1"}
+        if n.attrs["common"] == torch.float16:  # eager's float16 pow: pow's -inf and -0.0
+            root = f"({x} == -INFINITY ? INFINITY : std::sqrt({x} + 0.0f))"
+            special[0.5], special[-0.5] = root, f"(1.0f / {root})"
         if scalar in special:
             return special[scalar]
     return f"std::pow({x}, {y})"
@@ -123,6 +128,13 @@ def _clamp(a, n):
     return x
 
 
+def _gelu(a, n):
+    if n.attrs.get("approximate") == "tanh":
+        return f"pi_gelu_tanh({a[0]})"
+    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's
+    return f"pi_gelu({a[0]}, {'false' if n.attrs['common'] == torch.float16 else 'true'})"
+
+
 def _f(fn):
     return lambda a, n: f"{fn}({a[0]})"
 
@@ -136,8 +148,7 @@ OPS = {
     "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
     "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
     "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
-    "gelu": lambda a, n: (f"pi_gelu_tanh({a[0]})" if n.attrs.get("approximate") == "tanh"
-                          else f"pi_gelu({a[0]})"),
+    "gelu": lambda a, n: _gelu(a, n),
     "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
     "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
     "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),

@@ -12,6 +12,7 @@ PRELUDE = r"""
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 #define PI_INLINE static inline __attribute__((always_inline))
 
 namespace c10 {  // what torch's CppPrinter emits for FloorDiv
@@ -58,10 +59,12 @@ PI_INLINE uint16_t st_f16(float f) {
 PI_INLINE float rnd_f16(float f) { return ld_f16(st_f16(f)); }
 
 // math
-// Results below FLT_MIN flush to 0: computing denormals costs ~100 cycles a lane on
-// x86, and masked softmax feeds exp(-inf) to half its lanes.
+// exp as 2^n * P(r), 2^n applied as two factors so n reaches the denormals: x below
+// ln(FLT_MIN) (-87.34) gives a denormal as eager does (only those lanes pay for denormal
+// arithmetic). Below -104 the result is 0 and the lane computes exp(0) instead: masked
+// softmax feeds exp(-inf) to half its lanes.
 PI_INLINE float pi_exp(float x) {
-  float xc = x < -87.3365447f ? -87.3365447f : x;
+  float xc = x < -104.0f ? 0.0f : x;
   xc = xc > 88.7228394f ? 88.7228394f : xc;
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
@@ -74,21 +77,23 @@ PI_INLINE float pi_exp(float x) {
   p = p * (r * r) + r + 1.0f;
   const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   const float res = p * pi_f((uint32_t)(n1 + 127) << 23) * pi_f((uint32_t)(n2 + 127) << 23);
-  return x > 88.7228394f ? INFINITY : (x < -87.3365447f ? 0.0f : res);
+  return x > 88.7228394f ? INFINITY : (x < -104.0f ? 0.0f : res);
 }
 PI_INLINE float pi_tanh(float x) {
   const float a = std::fabs(x), s = x * x;
   const float p = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s
-                   + 1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
-  const float q = std::copysign(1.0f - 2.0f / (pi_exp(a + a) + 1.0f), x);
-  return a < 0.625f ? p : q;
+                   + 1.33314422036e-1f) * s - 3.33332819422e-1f) * s * a + a;
+  const float q = 1.0f - 2.0f / (pi_exp(a + a) + 1.0f);
+  return std::copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
 }
 PI_INLINE float pi_sigmoid(float x) { return 1.0f / (1.0f + pi_exp(-x)); }
-// erf as x * P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 in float beyond), the rational
-// minimax fit XLA and Eigen use: max error 3.3e-7 against double erf, and twice as fast
-// as Abramowitz-Stegun 7.1.26 (one exp and one division, error 5.2e-7).
+// erf as x * P(x^2) / Q(x^2) on [-4, 4], the rational minimax fit XLA and Eigen use: max
+// error 3.3e-7 against double erf, and twice as fast as Abramowitz-Stegun 7.1.26 (one exp
+// and one division, error 5.2e-7). Beyond |x| = 3.92 erf rounds to +-1 in float, and eager
+// gives exactly +-1 there (GELU's tail is then exactly -0.0), so the fit is not used.
 PI_INLINE float pi_erf(float x) {
-  const float c = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+  const float a = std::fabs(x);
+  const float c = a > 4.0f ? 4.0f : a;  // NaN passes and stays NaN
   const float z = c * c;
   float p = -2.72614225801306e-10f;
   p = p * z + 2.77068142495902e-08f;
@@ -102,18 +107,48 @@ PI_INLINE float pi_erf(float x) {
   q = q * z - 1.68282697438203e-03f;
   q = q * z - 7.37332916720468e-03f;
   q = q * z - 1.42647390514189e-02f;
-  return c * p / q;  // NaN passes the clamp and stays NaN
+  float e = p / q * c;  // c last: a denormal x rounds once
+  e = e > 1.0f ? 1.0f : e;  // the fit exceeds 1 by up to 2e-7 past 3.61
+  e = a >= 3.92f ? 1.0f : e;
+  return std::copysign(e, x);  // odd: erf(-0.0) is -0.0
 }
-PI_INLINE float pi_gelu(float x) { return 0.5f * x * (1.0f + pi_erf(x * 0.70710678118654752f)); }
+// GELU as eager computes it: x * (1 + erf(x / sqrt 2)) * 0.5 (so x above FLT_MAX / 2
+// overflows to inf and the far negative tail is -0.0). For float32 and bfloat16 eager runs
+// oneDNN's GELU on contiguous tensors, which gives NaN at +inf (`inf_nan`); float16 does not.
+PI_INLINE float pi_gelu(float x, bool inf_nan) {
+  const float g = x * (1.0f + pi_erf(x * 0.70710678118654752f)) * 0.5f;
+  return (inf_nan && x == INFINITY) ? NAN : g;
+}
+// tanh GELU as eager computes it, 0.5 x (1 + tanh(inner)), where 1 + tanh(inner) is
+// 2 sigmoid(2 inner) rounded through tanh's value ((s - 1) + 1): one exp and one division,
+// and the tail where tanh rounds to -1 is exactly -0.0 as in eager.
 PI_INLINE float pi_gelu_tanh(float x) {
-  // 0.5 * (1 + tanh(z)) == sigmoid(2z): one exp and one division, no polynomial branch
   const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + pi_exp(-2.0f * inner));
+  const float s = 2.0f / (1.0f + pi_exp(-2.0f * inner));
+  return (0.5f * x) * ((s - 1.0f) + 1.0f);
 }
+// maximum/minimum propagate NaN; of 0.0 and -0.0 they return the second, as eager's float32
+// kernel does
 template <typename T> PI_INLINE T pi_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> PI_INLINE T pi_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
-template <typename T> PI_INLINE T pi_sign(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+// sign(NaN) is 0, as eager's (0 < a) - (a < 0)
+template <typename T> PI_INLINE T pi_sign(T a) { return (T)((a > 0) - (a < 0)); }
+// float -> integer as eager converts on x86 (cvttss2si): NaN and values out of the 32- or
+// 64-bit range give that range's minimum; narrower integers wrap from the 32-bit result.
+// A plain C++ cast is undefined there, and GCC folds (float)(int)x into truncf(x).
+template <typename T> PI_INLINE int64_t pi_i64(T x) {
+  if constexpr (std::is_floating_point<T>::value)
+    return (x >= -0x1p63f && x < 0x1p63f) ? (int64_t)x : INT64_MIN;
+  else
+    return (int64_t)x;
+}
+template <typename T> PI_INLINE int32_t pi_i32(T x) {
+  if constexpr (std::is_floating_point<T>::value)
+    return (x >= -0x1p31f && x < 0x1p31f) ? (int32_t)x : INT32_MIN;
+  else
+    return (int32_t)x;
+}
 """
 
 # Index scans (codegen/cpp_indexing.py): whether any index of an input with `nd` dims

@@ -28,6 +28,9 @@ from .emit import PyptoEmitError, TileSplit, emit_tile, single_op_tile, split_ti
 from .launcher import PyptoLauncher
 
 
+DEVICES = None  # NPU tensors, or CPU ones in the simulator: the launcher takes either
+
+
 def missing_requirements() -> list[str]:
     missing = []
     if importlib.util.find_spec("pypto") is None:

@@ -1,0 +1,235 @@
+"""Coverage table of the real-model zoo (``python -m pypto_inductor models``).
+
+For every zoo model it compiles the eval forward (the inference graph) and one
+training step (forward and backward graphs) with backend="pypto", checks them
+against eager, and tabulates per graph kind: graphs, graphs run eagerly, kernels
+(native or on the reference executor, and why), kernels that failed to build, and
+extern ops (run eagerly inside the graph) with counts and reasons. For the causal
+LMs it also counts the graphs greedy generation compiles, against Dynamo alone.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import warnings
+
+import torch
+from tabulate import tabulate
+
+from . import CAUSAL_LMS, ZOO, batch, build, generate, output_tensors
+from ..report import FusionReport, collect
+
+KINDS = ("inference", "forward", "backward")
+
+
+@dataclasses.dataclass
+class GraphCoverage:
+    """What happened to one model's graphs of one kind (inference, forward, backward)."""
+
+    model: str
+    kind: str
+    graphs: int = 0
+    eager_graphs: list[str] = dataclasses.field(default_factory=list)  # reasons
+    kernels: int = 0
+    reference_tiles: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    build_failures: list[str] = dataclasses.field(default_factory=list)
+    externs: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    extern_reasons: dict[str, set] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(set))
+    max_error: float | None = None  # outputs (inference) or gradients (training) vs eager
+    error: str | None = None  # compiling or running raised
+
+    def add(self, graph: dict) -> None:
+        self.graphs += 1
+        if graph.get("eager_reason"):
+            self.eager_graphs.append(graph["eager_reason"])
+        self.kernels += len(graph["fusion_tiles"])
+        for tile in graph["fusion_tiles"]:
+            if tile["kernel_fallback"]:
+                self.build_failures.append(f"{tile['name']}: {tile['kernel_fallback']}")
+            native = tile.get("native")
+            if native and not native["native"]:
+                self.reference_tiles[native["reason"] or "unknown"] += 1
+        self.externs.update(graph["fallback_ops"])
+        for text in graph.get("extern_reasons", {}).values():
+            op, _, reason = text.partition(": ")
+            self.extern_reasons[op].add(reason)
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    scale = float(ref.detach().abs().max()) or 1.0
+    return float((out.detach().float() - ref.detach().float()).abs().max()) / scale
+
+
+def _by_kind(name: str, reports, error: float | None, errors: str | None) -> list[GraphCoverage]:
+    kinds = {}
+    for graph in FusionReport(reports).to_dict()["graphs"]:
+        kind = graph["name"].rsplit("_", 1)[-1]
+        kinds.setdefault(kind, GraphCoverage(name, kind)).add(graph)
+    for cov in kinds.values():
+        cov.max_error, cov.error = error, errors
+    return list(kinds.values())
+
+
+def inference_coverage(name: str, options: dict | None = None) -> list[GraphCoverage]:
+    model, inputs = build(name), batch(name, seed=1)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pypto", options=options)
+    error = failure = None
+    with torch.no_grad(), collect() as reports:
+        try:
+            out = output_tensors(compiled(**inputs))
+            ref = output_tensors(model(**inputs))
+            error = max(_relative_error(out[k], ref[k]) for k in ref)
+        except Exception as e:  # noqa: BLE001 - the table records it
+            failure = f"{type(e).__name__}: {e}"
+    torch._dynamo.reset()
+    return _by_kind(name, reports, error, failure) or [GraphCoverage(name, "inference",
+                                                                     error=failure)]
+
+
+def training_coverage(name: str, options: dict | None = None) -> list[GraphCoverage]:
+    model = build(name).train()
+    ref_model = copy.deepcopy(model)
+    inputs = batch(name, seed=10)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pypto", options=options)
+    error = failure = None
+    with collect() as reports:
+        try:
+            compiled(**inputs)["loss"].backward()
+            ref_model(**inputs)["loss"].backward()
+            error = max(_relative_error(p.grad, r.grad)
+                        for p, r in zip(model.parameters(), ref_model.parameters())
+                        if r.grad is not None)
+        except Exception as e:  # noqa: BLE001 - the table records it
+            failure = f"{type(e).__name__}: {e}"
+    torch._dynamo.reset()
+    return _by_kind(name, reports, error, failure) or [GraphCoverage(name, "forward",
+                                                                     error=failure)]
+
+
+@dataclasses.dataclass
+class GenerationCoverage:
+    model: str
+    dynamic: bool
+    tokens_match: bool | None
+    graphs_compiled: dict[str, int]  # backend -> graphs it compiled
+    eager_graphs: int = 0
+    error: str | None = None
+
+
+def generation_coverage(name: str, dynamic: bool, backends=("pypto", "eager"),
+                        options: dict | None = None) -> GenerationCoverage:
+    model = build(name)
+    input_ids = batch(name, seed=2)["input_ids"][:, :10]
+    with torch.no_grad():
+        expected = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                  max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    cov = GenerationCoverage(name, dynamic, None, {})
+    for backend in backends:
+        try:
+            tokens, graphs_compiled, reports = generate(model, input_ids, backend, dynamic,
+                                               options=options if backend == "pypto" else None)
+        except Exception as e:  # noqa: BLE001 - the table records it
+            cov.error = f"{backend}: {type(e).__name__}: {e}"
+            continue
+        cov.graphs_compiled[backend] = graphs_compiled
+        if backend == "pypto":
+            cov.tokens_match = bool(torch.equal(tokens, expected))
+            cov.eager_graphs = FusionReport(reports).to_dict()["summary"]["eager_graphs"]
+    return cov
+
+
+def collect_coverage(models=None, options=None, generation: bool = True,
+                     inductor: bool = False, progress=None):
+    """(graph coverage rows, generation rows) for ``models`` (default: the whole zoo)."""
+    rows, gen_rows = [], []
+    backends = ("pypto", "eager", "inductor") if inductor else ("pypto", "eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # failures are in the table
+        for name in models or list(ZOO):
+            if progress:
+                progress(name)
+            rows += inference_coverage(name, options) + training_coverage(name, options)
+            if generation and name in CAUSAL_LMS:
+                gen_rows += [generation_coverage(name, dyn, backends, options)
+                             for dyn in (False, True)]
+    rows.sort(key=lambda r: (list(ZOO).index(r.model), KINDS.index(r.kind)
+                             if r.kind in KINDS else len(KINDS)))
+    return rows, gen_rows
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+def markdown(rows: list[GraphCoverage], gen_rows: list[GenerationCoverage], header: str) -> str:
+    out = [header, "", "## Per model and graph", ""]
+    table = []
+    for r in rows:
+        table.append([
+            r.model, r.kind, r.graphs, len(r.eager_graphs), r.kernels,
+            sum(r.reference_tiles.values()), len(r.build_failures),
+            ", ".join(f"{_short(op)} x{n}" for op, n in sorted(r.externs.items())) or "-",
+            "-" if r.max_error is None else f"{r.max_error:.1e}",
+            r.error or "",
+        ])
+    out.append(tabulate(table, tablefmt="github", headers=[
+        "model", "graph", "graphs", "eager graphs", "kernels", "on reference", "build failures",
+        "extern ops (count)", "max rel. error vs eager", "error"]))
+    out += ["", "`max rel. error`: largest |compiled - eager| over the outputs (inference) or "
+            "the parameter gradients of one training step (forward, backward), relative to the "
+            "largest |eager| value of that tensor.", ""]
+
+    out += ["## Extern ops and why", ""]
+    externs: dict[tuple, list] = collections.defaultdict(list)
+    for r in rows:
+        for op, n in r.externs.items():
+            key = (op, "; ".join(sorted(r.extern_reasons.get(op, {"?"}))))
+            externs[key].append(f"{r.model} {r.kind} x{n}")
+    out.append(tabulate([[_short(op), reason, ", ".join(where)]
+                         for (op, reason), where in sorted(externs.items())],
+                        tablefmt="github", headers=["op", "reason", "where (count)"])
+               if externs else "None.")
+
+    out += ["", "## Kernels on the reference executor and why", ""]
+    reference: dict[str, list] = collections.defaultdict(list)
+    for r in rows:
+        for reason, n in r.reference_tiles.items():
+            reference[reason].append(f"{r.model} {r.kind} x{n}")
+    out.append(tabulate([[reason, ", ".join(where)] for reason, where in sorted(reference.items())],
+                        tablefmt="github", headers=["reason", "where (count)"])
+               if reference else "None.")
+
+    problems = [[r.model, r.kind, "graph runs eagerly", reason]
+                for r in rows for reason in r.eager_graphs]
+    problems += [[r.model, r.kind, "kernel failed to build", f] for r in rows
+                 for f in r.build_failures]
+    out += ["", "## Graphs run eagerly and kernels that failed to build", ""]
+    out.append(tabulate(problems, tablefmt="github", headers=["model", "graph", "what", "why"])
+               if problems else "None.")
+
+    if gen_rows:
+        order = ["pypto", "eager", "inductor"]
+        backends = sorted({b for g in gen_rows for b in g.graphs_compiled}, key=order.index)
+        out += ["", "## Generation (`generate(max_new_tokens=8, do_sample=False)`, "
+                "`model.forward` compiled)", ""]
+        out.append(tabulate(
+            [[g.model, "dynamic" if g.dynamic else "static",
+              {True: "yes", False: "NO", None: "-"}[g.tokens_match], g.eager_graphs]
+             + [g.graphs_compiled.get(b, "-") for b in backends] + [g.error or ""]
+             for g in gen_rows],
+            tablefmt="github", headers=["model", "shapes", "tokens equal eager",
+                                        "eager graphs (pypto)"]
+            + [f"graphs compiled ({b})" for b in backends] + ["error"]))
+        out += ["", "Graphs compiled: graphs the backend compiled during generation (first "
+                "compiles, graph breaks, recompiles; a restart of Dynamo's analysis is not one). "
+                "`eager` is Dynamo alone: recompiles are Dynamo's decision, so a backend matches "
+                "it unless it adds shape guards of its own."]
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["GraphCoverage", "GenerationCoverage", "collect_coverage", "generation_coverage",
+           "inference_coverage", "markdown", "training_coverage"]

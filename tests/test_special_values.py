@@ -1,0 +1,221 @@
+"""Special values through every pointwise op the native C++ tiles implement, against eager.
+
+Inputs hold NaN, +-inf, -0.0, 0, the float extremes, FLT_MIN, denormals, large
+negatives and positives, and ordinary values, each at several lane positions
+(vectorised loop and scalar remainder). Results must match eager with NaNs in
+the same places, infinities equal, zeros of the same sign where eager's result
+is zero, and otherwise a tight tolerance (a few ulp; ops whose eager result
+comes from a cancellation, like GELU's tail, get an absolute term of that
+size). The sweep also checks it ran every op of ``cpp_emit.OPS`` natively:
+an op added there without a case here fails ``test_sweep_covers_every_native_op``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pypto_inductor.codegen import cpp
+from pypto_inductor.codegen.cpp import compiler as cpp_build
+from pypto_inductor.codegen.cpp.ops import OPS
+
+F32_MAX = torch.finfo(torch.float32).max
+F32_TINY = torch.finfo(torch.float32).tiny
+SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0, F32_MAX, -F32_MAX, 3e38, -3e38, 1e30,
+            -1e30, 1e10, -1e10, 7e4, -7e4, 1e4, -1e4, 300.5, -300.5, 100.0, -100.0, 89.0,
+            88.5, -87.5, -88.0, -89.0, -95.0, -104.0, -110.0, 44.5, 20.0, -20.0, 10.0, -10.0,
+            6.0, -6.0, 5.0, -5.0, 4.0, -4.0, 3.0, -3.0, 2.5, -2.5, 1.0, -1.0, 0.5, -0.5, 0.3,
+            -0.7, 1e-3, -1e-3, 1e-7, -1e-7, F32_TINY, -F32_TINY, 1e-39, -1e-39, 1e-44, -1e-45]
+
+
+def special_input(dtype=torch.float32) -> torch.Tensor:
+    """Every special value at several positions: 3 rows of 67 (a vector body and a tail)."""
+    v = torch.tensor(SPECIALS, dtype=torch.float32)
+    row = torch.cat([v, v.flip(0)])[:67]
+    rows = torch.stack([row, row.roll(13), row.roll(-29)])
+    return rows.to(dtype)
+
+
+def _pair_inputs(dtype=torch.float32):
+    """Every pair of special values: a [n, n] grid as (a broadcast column, a row)."""
+    v = torch.tensor(SPECIALS, dtype=torch.float32).to(dtype)
+    return v[:, None].contiguous(), v[None, :].contiguous()
+
+
+# unary cases: name -> (fn, xtol). Results must be within rtol (a ulp or so) of eager's,
+# plus xtol * |x| where eager's result is a cancellation whose rounding depends on its
+# implementation (GELU's 1 + erf and 1 + tanh near -1: a ulp of 1 times x / 2).
+UNARY = {
+    "neg": (torch.neg, 0), "exp": (torch.exp, 0), "log": (torch.log, 0),
+    "sqrt": (torch.sqrt, 0), "rsqrt": (torch.rsqrt, 0), "tanh": (torch.tanh, 0),
+    "sigmoid": (torch.sigmoid, 0), "silu": (F.silu, 0), "relu": (torch.relu, 0),
+    "gelu": (F.gelu, 3e-7), "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), 1.2e-7),
+    "erf": (torch.erf, 0), "erfc": (torch.erfc, 0), "exp2": (torch.exp2, 0),
+    "expm1": (torch.expm1, 0), "log1p": (torch.log1p, 0), "log2": (torch.log2, 0),
+    "log10": (torch.log10, 0), "sin": (torch.sin, 0), "cos": (torch.cos, 0),
+    "tan": (torch.tan, 0), "floor": (torch.floor, 0), "ceil": (torch.ceil, 0),
+    "trunc": (torch.trunc, 0), "round": (torch.round, 0), "reciprocal": (torch.reciprocal, 0),
+    "abs": (torch.abs, 0), "sign": (torch.sign, 0), "isnan": (torch.isnan, 0),
+    "logical_not": (torch.logical_not, 0), "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), 0),
+    "clamp": (lambda x: x.clamp(-2.5, 7.0), 0), "clamp_min": (lambda x: x.clamp(min=0.5), 0),
+    "pow2": (lambda x: x.pow(2), 0), "pow3": (lambda x: x.pow(3), 0),
+    "pow_half": (lambda x: x.pow(0.5), 0), "pow_m1": (lambda x: x.pow(-1), 0),
+    "pow_m2": (lambda x: x.pow(-2), 0), "pow_mhalf": (lambda x: x.pow(-0.5), 0),
+    "pow_1_7": (lambda x: x.pow(1.7), 0), "square_plus": (lambda x: x * x + 1.0, 0),
+    "to_bool": (lambda x: x.to(torch.bool), 0),
+    "softplus": (F.softplus, 0), "hardtanh": (F.hardtanh, 0), "elu": (F.elu, 0),
+    "mish": (F.mish, 0), "hardswish": (F.hardswish, 0), "hardsigmoid": (F.hardsigmoid, 0),
+    "logsigmoid": (F.logsigmoid, 0),
+}
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum, "pow": torch.pow,
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "where": lambda a, b: torch.where(a > b, a, b),
+    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor, "atan2": torch.atan2, "fmod": torch.fmod,
+    "remainder": torch.remainder, "xlogy": torch.xlogy,
+}
+INT_BINARY = {"bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+              "bitwise_xor": torch.bitwise_xor, "bitwise_not": lambda a, b: ~a + b}
+# tile ops the sweep does not call by name: every case runs them (literals, rounding, casts)
+NOT_SWEPT = {"full", "copy", "cast"}
+# a ulp of the result's dtype (the kernels compute in fp32 and round once, as eager does)
+RTOL = {torch.float32: 4e-7, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+# two of the dtype's smallest denormals: libm and eager's vector math may differ there
+ATOL = {torch.float32: 2.9e-45, torch.float16: 1.2e-7, torch.bfloat16: 1.9e-40}
+ULPS = {"exp2": 2, "expm1": 2, "log1p": 2, "erfc": 4, "tan": 2, "sin": 2, "cos": 2, "exp": 2,
+        "tanh": 3, "sigmoid": 2, "silu": 2, "gelu": 2, "gelu_tanh": 4, "log": 2, "log2": 2,
+        "log10": 2, "pow_1_7": 2, "pow": 2, "softplus": 2, "mish": 4, "logsigmoid": 2, "elu": 2,
+        "atan2": 2, "erf": 8}
+# Where eager's own result is an artifact of one of its implementations (not the op's
+# semantics), the sweep leaves those inputs out; each entry says why.
+EAGER_ARTIFACTS = {
+    # float16/bfloat16 erf uses Abramowitz-Stegun 7.1.26: absolute error ~1e-7, so eager
+    # gives 0 for tiny inputs
+    ("erf", torch.float16): lambda x: x.abs() < 1e-5,
+    ("erf", torch.bfloat16): lambda x: x.abs() < 1e-5,
+    # float16/bfloat16 maximum/minimum of 0.0 and -0.0: eager's vector body and its scalar
+    # tail return different ones
+    **{(op, dt): lambda a, b: (a == 0) & (b == 0) for op in ("maximum", "minimum")
+       for dt in (torch.float16, torch.bfloat16)},
+    # bfloat16 GELU through oneDNN flushes denormal inputs and gives NaN at bf16's max
+    ("gelu", torch.bfloat16): lambda x: (x.abs() <= F32_TINY) | (x.abs() > 3e38),
+}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "cpp_cache"
+    monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(root))
+    monkeypatch.setattr(cpp_build, "loaded", dict(cpp_build.loaded))
+
+
+@pytest.fixture
+def native_ops(monkeypatch):
+    """The set of tile ops of every kernel the cpp target builds natively, filled as the
+    test compiles."""
+    seen: set[str] = set()
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        for k in kernels:
+            if getattr(k, "native", False):
+                seen.update(node.attrs["op"] for node in k.program.nodes if node.kind == "op")
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    return seen
+
+
+def assert_like_eager(out, ref, what: str, inputs=(), rtol=0.0, atol=0.0, xtol=0.0,
+                      skip=None) -> None:
+    """NaN where eager has NaN, equal infinities, eager's zeros (with their sign) up to a
+    denormal or two, else within ``atol + rtol |ref| + xtol |x|`` (x: the first input)."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (what, out.dtype, ref.dtype)
+    xs = [x.expand_as(ref) for x in inputs]
+    if not ref.is_floating_point():
+        bad = out != ref
+    else:
+        o, r = out.double(), ref.double()
+        x = xs[0].double().abs() if xs else torch.zeros_like(r)
+        x = torch.where(x.isfinite(), x, 0.0)
+        nan_bad = o.isnan() != r.isnan()
+        inf_bad = (r.isinf() | o.isinf()) & (o != r) & ~r.isnan() & ~o.isnan()
+        zero_bad = (r == 0) & ((o.abs() > atol) | ((o == 0) & (o.signbit() != r.signbit())))
+        tol_bad = (r != 0) & r.isfinite() & ((o - r).abs() > atol + rtol * r.abs() + xtol * x)
+        bad = nan_bad | inf_bad | zero_bad | tol_bad
+    if skip is not None:
+        bad &= ~skip(*xs)
+    if bad.any():
+        detail = []
+        for at in bad.nonzero()[:6].tolist():
+            at = tuple(at)
+            detail.append(f"x={[float(x[at]) for x in xs]} eager={ref[at].item()!r} "
+                          f"pypto={out[at].item()!r}")
+        pytest.fail(f"{what}: {int(bad.sum())} of {bad.numel()} differ from eager: "
+                    + "; ".join(detail))
+
+
+def _compile(fn):
+    return torch.compile(fn, backend="pypto", options={"target": "cpu", "fallback": "error"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_special_values(name, dtype):
+    fn, xtol = UNARY[name]
+    x = special_input(dtype)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, ref = _compile(fn)(x), fn(x)
+    assert_like_eager(out, ref, f"{name} {dtype}", (x,), RTOL[dtype] * ULPS.get(name, 1),
+                      ATOL[dtype], xtol, EAGER_ARTIFACTS.get((name, dtype)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_special_values(name, dtype):
+    fn = BINARY[name]
+    a, b = _pair_inputs(dtype)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, ref = _compile(fn)(a, b), fn(a, b)
+    assert_like_eager(out, ref, f"{name} {dtype}", (a, b), RTOL[dtype] * ULPS.get(name, 1),
+                      ATOL[dtype], skip=EAGER_ARTIFACTS.get((name, dtype)))
+
+
+@pytest.mark.parametrize("name", sorted(INT_BINARY))
+def test_integer_bitwise_extremes(name):
+    ext = torch.tensor([0, 1, -1, 2**31 - 1, -2**31, 2**62, -2**63, 2**63 - 1, 12345, -7])
+    a, b = ext[:, None].contiguous(), ext[None, :].contiguous()
+    with torch.no_grad():
+        out, ref = _compile(INT_BINARY[name])(a, b), INT_BINARY[name](a, b)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_sweep_covers_every_native_op(native_ops):
+    """All cases in one graph (so fused, several ops per kernel), against eager; and every op
+    of cpp_emit.OPS ran natively in it."""
+    def every_case(x, a, b, i, j):
+        return ([fn(x) for fn, _ in UNARY.values()] + [fn(a, b) for fn in BINARY.values()]
+                + [fn(i, j) for fn in INT_BINARY.values()])
+    x = special_input()
+    a, b = _pair_inputs()
+    i, j = torch.randint(-2**40, 2**40, (2, 5, 9))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = torch.compile(every_case, backend="pypto", options={"target": "cpu"})(x, a, b, i, j)
+    refs = every_case(x, a, b, i, j)
+    names = list(UNARY) + list(BINARY) + list(INT_BINARY)
+    for name, out, ref in zip(names, outs, refs):
+        xtol = UNARY[name][1] if name in UNARY else 0
+        inputs = (x,) if name in UNARY else (a, b) if name in BINARY else (i, j)
+        assert_like_eager(out, ref, f"{name} (fused)", inputs, RTOL[torch.float32]
+                          * ULPS.get(name, 1), ATOL[torch.float32], xtol)
+    missing = set(OPS) - native_ops - NOT_SWEPT
+    assert not missing, f"add special-value cases for {sorted(missing)} to this module"
