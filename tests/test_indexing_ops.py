@@ -395,3 +395,27 @@ def test_pypto_splits_tiles_at_ops_it_has_no_form_for():
                 emit_tile(part, g.plan.graph)
             split_ops |= {op.op for op in (split.split_ops if split else [])}
     assert {"gather", "pad", "scatter"} <= split_ops
+
+
+# --- other ops of the zoo models --------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_repeat(dynamic):
+    torch.manual_seed(14)
+    fn = lambda x: (x.repeat(2, 3) * 2, x.repeat(2, 1, 1) + 1)  # noqa: E731
+    out, ref, tiles = compile_run(fn, torch.randn(3, 4), dynamic=dynamic, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "copy" in native_ops(tiles)
+
+
+def test_any_all_and_isinf_reductions_are_native():
+    """T5 checks its activations with isinf().any(); an empty any is False, all True."""
+    x = torch.randn(4, 6)
+    x[1, 2], x[2] = float("inf"), 1.0
+
+    def fn(x, e):
+        return (torch.isinf(x).any(), (x > 0).all(-1), (x > 0).any(0, keepdim=True),
+                e.any(-1), e.all(-1))
+
+    out, ref, tiles = compile_run(fn, x, torch.randn(3, 0))
+    torch.testing.assert_close(out, ref)
+    assert all(n["native"] for _, n, _ in tiles), tiles

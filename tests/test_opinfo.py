@@ -109,6 +109,8 @@ EXTRA_OPINFOS: dict[str, list[str]] = {
 NO_OPINFO: dict[str, str] = {
     "fma": "prims.fma comes from Dynamo's rewrite of in-place addcmul_/addcdiv_ (the "
            "optimizers); tests/test_mutation_ops.py compiles Adam, AdamW and SGD steps",
+    "_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer's eval fast path; "
+                                      "tests/test_composite_ops.py compiles it",
 }
 
 # OpInfo entries matched by name that are deliberately not run, with why. (None of the

@@ -199,6 +199,9 @@ _FLOAT_ONLY = set(OPS) - {"add", "sub", "mul", "neg", "copy", "cast", "full", "a
                           "logical_not", "logical_and", "logical_or", "logical_xor", "relu",
                           "clamp", "pow", "isnan", "bitwise_and", "bitwise_or", "bitwise_xor",
                           "bitwise_not"}
+# any dtype: an integer is never infinite (T5 checks its fp16 activations with isinf().any())
+OPS["isinf"] = lambda a, n: (f"(std::fabs({a[0]}) == INFINITY)"
+                             if ctype(n.attrs["common"]) == "float" else "false")
 
 _EXTRA_PRELUDE = r"""
 template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
