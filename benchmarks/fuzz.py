@@ -247,14 +247,23 @@ def main(argv=None) -> int:
                    help="where repro scripts go")
     p.add_argument("--markdown", type=Path, help="write the summary into this file")
     p.add_argument("--json", help="append every case's record (JSON lines)")
+    p.add_argument("--summarize", metavar="JSONL",
+                   help="no run: summarize the records a --json run wrote")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.out, args.shrink_seconds)
         return 0
     start = time.monotonic()
-    records = _drive(args)
-    text = summarize(records, args, time.monotonic() - start)
+    if args.summarize:
+        with open(args.summarize) as f:
+            records = sorted((json.loads(line) for line in f), key=lambda r: r["seed"])
+        args.cases, args.seed = len(records), records[0]["seed"] if records else args.seed
+        seconds = sum(r.get("seconds", 0) for r in records) / max(args.jobs, 1)
+    else:
+        records = _drive(args)
+        seconds = time.monotonic() - start
+    text = summarize(records, args, seconds)
     print(text)
     if args.markdown:
         _write_markdown(args.markdown, text)
