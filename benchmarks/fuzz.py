@@ -226,6 +226,32 @@ def summarize(records: list[dict], args, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shrink_repro(path: Path, seconds: float) -> int:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from tests.fuzz.program import Program
+    from tests.fuzz.runner import _check, failure_key, repro_source, shrink
+
+    ns: dict = {"__name__": "repro"}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    program = Program.from_case(ns["CASE"])
+    if "TARGET" in ns:
+        target, dynamic = ns["TARGET"], ns["DYNAMIC"]
+    else:  # named seed<S>_<target>_<static|dynamic>.py
+        target, mode = re.search(r"_(cpu|reference)_(static|dynamic)", path.name).groups()
+        dynamic = mode == "dynamic"
+    found = _check(program, target, dynamic)
+    if not found:
+        print("the repro passes: nothing to shrink")
+        return 1
+    small = shrink(program, target, dynamic, failure_key(found[0]), seconds)
+    out = path.with_suffix(".shrunk.py")
+    out.write_text(repro_source(small, target, dynamic, _check(small, target, dynamic)))
+    print(small.source + f"written to {out}")
+    return 0
+
+
 def _write_markdown(path: Path, text: str) -> None:
     doc = path.read_text() if path.exists() else f"{START}\n{END}\n"
     if START not in doc:
@@ -249,11 +275,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="append every case's record (JSON lines)")
     p.add_argument("--summarize", metavar="JSONL",
                    help="no run: summarize the records a --json run wrote")
+    p.add_argument("--shrink", metavar="REPRO",
+                   help="no run: shrink a repro script's case, written next to it as .shrunk.py")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.out, args.shrink_seconds)
         return 0
+    if args.shrink:
+        return _shrink_repro(Path(args.shrink), args.shrink_seconds)
     start = time.monotonic()
     if args.summarize:
         with open(args.summarize) as f:

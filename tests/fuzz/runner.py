@@ -132,10 +132,11 @@ def repro_source(program: Program, target: str, dynamic: bool, failures: list[di
     main = f'''
 
 CASE = {pprint.pformat(program.case(), width=96, sort_dicts=False)}
+TARGET, DYNAMIC = {target!r}, {dynamic}
 
 if __name__ == "__main__":
     print(CASE["source"])
-    found = check(CASE, {target!r}, dynamic={dynamic})
+    found = check(CASE, TARGET, dynamic=DYNAMIC)
     for f in found:
         print(f"{{f['kind'].upper()}} (size variant {{f['variant']}}): {{f['message']}}")
     if any(f["kind"] == "crash" for f in found):
