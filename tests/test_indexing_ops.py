@@ -206,20 +206,22 @@ def test_arange_overloads(dynamic):
     assert "arange" in native_ops(tiles)
 
 
+# pads written in the code (under dynamic=True a pad read from a variable is a size
+# argument, of unknown sign: those pads run the reference executor)
 PADS = {
-    "last dim": ((1, 2), 0.0),
-    "last dim crop": ((-1, 3), 1.5),
-    "row dim": ((0, 0, 2, 1), -2.0),
-    "two dims": ((1, 1, 1, -1), 0.0),
+    "last dim": lambda x: F.pad(x, (1, 2)).tanh(),
+    "last dim crop": lambda x: F.pad(x, (-1, 3), value=1.5).tanh(),
+    "row dim": lambda x: F.pad(x, (0, 0, 2, 1), value=-2.0).tanh(),
+    "two dims": lambda x: F.pad(x, (1, 1, 1, -1)).tanh(),
 }
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("case", list(PADS))
-def test_constant_pad_nd_forward_and_backward(case):
-    pad, value = PADS[case]
+def test_constant_pad_nd_forward_and_backward(case, dynamic):
     torch.manual_seed(4)
-    out, ref, tiles = compile_run(lambda x: F.pad(x, pad, value=value).tanh(),
-                                  torch.randn(2, 5, 6), backward=True)
+    out, ref, tiles = compile_run(PADS[case], torch.randn(2, 5, 6), backward=True,
+                                  dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
     pads = [(kinds, native) for kinds, native, _ in tiles if "pad" in kinds]
     assert pads
@@ -229,7 +231,18 @@ def test_constant_pad_nd_forward_and_backward(case):
         assert all(n["native"] for _, n in pads), pads
 
 
-def test_slice_scatter_and_select_scatter():
+def test_pad_by_a_size_argument_of_either_sign():
+    """A pad computed from an int argument may pad or crop: F.pad's semantics, on the
+    reference executor (the sign is unknown when compiling)."""
+    fn = lambda x, n: F.pad(x, (n, 1)) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="pypto", dynamic=True, options={"fallback": "error"})
+    x = torch.randn(3, 6)
+    for n in (2, -3, 0):
+        torch.testing.assert_close(compiled(x, n), fn(x, n))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_slice_scatter_and_select_scatter(dynamic):
     def fn(x, y, z):
         x = x.clone()
         x[:, 1:3] = y
@@ -238,7 +251,8 @@ def test_slice_scatter_and_select_scatter():
         return x * 2
 
     torch.manual_seed(5)
-    out, ref, tiles = compile_run(fn, torch.randn(4, 6), torch.randn(4, 2), torch.randn(4))
+    out, ref, tiles = compile_run(fn, torch.randn(4, 6), torch.randn(4, 2), torch.randn(4),
+                                  dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
 
 
@@ -255,13 +269,14 @@ SCATTERS = {
 }
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("case", list(SCATTERS))
-def test_scatters_run_as_their_own_tiles(case):
+def test_scatters_run_as_their_own_tiles(case, dynamic):
     torch.manual_seed(6)
     x, s = torch.randn(4, 5), torch.randn(4, 3)
     index = torch.stack([torch.randperm(5)[:3] for _ in range(4)])  # no duplicate per row
     fn = SCATTERS[case]
-    out, ref, tiles = compile_run(lambda x, i, s: fn(x, i, s) + 1, x, index, s)
+    out, ref, tiles = compile_run(lambda x, i, s: fn(x, i, s) + 1, x, index, s, dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
     alone = [kinds for kinds, _, _ in tiles if {"scatter", "scatter_add", "scatter_reduce",
                                                    "index_put"} & set(kinds)]

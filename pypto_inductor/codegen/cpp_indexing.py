@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import sympy
+
 from ..ir import OpKind, TileOp
 
 MAX_INDEX_DIMS = 16  # the index scan's odometer (pi_index_bad in cpp_prelude)
@@ -140,6 +142,8 @@ class IndexingMixin:
             raise NotNative(f"pad along {len(padded)} dims is not native yet (only one)")
         (d,) = padded
         lo, hi = op.attrs["pads"][d]
+        if not all(sympy.sympify(v).is_nonnegative for v in (lo, hi)):
+            raise NotNative("pad by a size argument of unknown sign is not native")
         x = op.args[0]
         parts = [(Lit(op.attrs["value"]), lo), (x, self.graph.specs[x].shape[d]),
                  (Lit(op.attrs["value"]), hi)]
