@@ -93,10 +93,15 @@ class Worker:
 
 
 def _drive(args) -> list[dict]:
+    records, lock = [], threading.Lock()
+    if args.resume and args.json and os.path.exists(args.json):
+        with open(args.json) as f:  # a run that was stopped: keep its cases
+            records = [json.loads(line) for line in f if line.strip()]
+    finished = {r["seed"] for r in records}
     seeds = queue.Queue()
     for i in range(args.cases):
-        seeds.put(args.seed + i)
-    records, lock = [], threading.Lock()
+        if args.seed + i not in finished:
+            seeds.put(args.seed + i)
     start = time.monotonic()
 
     def loop():
@@ -147,9 +152,23 @@ def signature(f: dict) -> str:
         from tests.fuzz.runner import failure_key
 
         return failure_key(f)
-    source = f.get("shrunk") or ""
-    calls = sorted(set(re.findall(r"(?:torch\.|F\.|\.)(\w+)\(", source)) - {"shape"})
-    return "mismatch: " + (" ".join(calls) or "?")
+    source = f.get("shrunk")
+    if source:
+        calls = sorted(set(re.findall(r"(?:torch\.|F\.|\.)(\w+)\(", source)) - {"shape"})
+        return "mismatch: " + " ".join(calls)
+    got = re.search(r"compiled (\S+), eager (\S+),", f["message"])
+    if not got:
+        return "mismatch: " + f["message"].split(":")[0]
+    c, e = got.groups()
+    special = {"nan", "inf", "-inf"}
+    if c in special or e in special:
+        what = f"compiled {c if c in special else 'finite'}, eager {e if e in special else 'finite'}"
+    elif c in ("True", "False") or (c.lstrip("-").isdigit() and e.lstrip("-").isdigit()):
+        what = "integer or bool values"
+    else:
+        what = "float values"
+    where = f["message"].split("[")[0]
+    return f"mismatch ({f['target']}): {where}, {what}"
 
 
 def summarize(records: list[dict], args, seconds: float) -> str:
@@ -273,6 +292,8 @@ def main(argv=None) -> int:
                    help="where repro scripts go")
     p.add_argument("--markdown", type=Path, help="write the summary into this file")
     p.add_argument("--json", help="append every case's record (JSON lines)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the seeds the --json file already has")
     p.add_argument("--summarize", metavar="JSONL",
                    help="no run: summarize the records a --json run wrote")
     p.add_argument("--shrink", metavar="REPRO",

@@ -106,8 +106,8 @@ def shrink(program: Program, target: str, dynamic: bool, key: str,
                 options = [dataclasses.replace(
                     program, statements=program.statements[:i] + program.statements[i + 1:])]
             else:
-                options = [program.without(i, u).pruned(
-                    [u if o == s.defines else o for o in program.outputs])
+                options = [program.without(i, u).pruned(list(dict.fromkeys(
+                    u if o == s.defines else o for o in program.outputs)))
                     for u in s.uses if u != s.defines]
             for candidate in options:
                 if candidate.statements and _fails(candidate, target, dynamic, key):
