@@ -93,10 +93,15 @@ class Worker:
 
 
 def _drive(args) -> list[dict]:
+    records, lock = [], threading.Lock()
+    if args.resume and args.json and os.path.exists(args.json):
+        with open(args.json) as f:  # a run that was stopped: keep its cases
+            records = [json.loads(line) for line in f if line.strip()]
+    finished = {r["seed"] for r in records}
     seeds = queue.Queue()
     for i in range(args.cases):
-        seeds.put(args.seed + i)
-    records, lock = [], threading.Lock()
+        if args.seed + i not in finished:
+            seeds.put(args.seed + i)
     start = time.monotonic()
 
     def loop():
@@ -147,9 +152,23 @@ def signature(f: dict) -> str:
         from tests.fuzz.runner import failure_key
 
         return failure_key(f)
-    source = f.get("shrunk") or ""
-    calls = sorted(set(re.findall(r"(?:torch\.|F\.|\.)(\w+)\(", source)) - {"shape"})
-    return "mismatch: " + (" ".join(calls) or "?")
+    source = f.get("shrunk")
+    if source:
+        calls = sorted(set(re.findall(r"(?:torch\.|F\.|\.)(\w+)\(", source)) - {"shape"})
+        return "mismatch: " + " ".join(calls)
+    got = re.search(r"compiled (\S+), eager (\S+),", f["message"])
+    if not got:
+        return "mismatch: " + f["message"].split(":")[0]
+    c, e = got.groups()
+    special = {"nan", "inf", "-inf"}
+    if c in special or e in special:
+        what = f"compiled {c if c in special else 'finite'}, eager {e if e in special else 'finite'}"
+    elif c in ("True", "False") or (c.lstrip("-").isdigit() and e.lstrip("-").isdigit()):
+        what = "integer or bool values"
+    else:
+        what = "float values"
+    where = f["message"].split("[")[0]
+    return f"mismatch ({f['target']}): {where}, {what}"
 
 
 def summarize(records: list[dict], args, seconds: float) -> str:
@@ -226,6 +245,32 @@ def summarize(records: list[dict], args, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shrink_repro(path: Path, seconds: float) -> int:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from tests.fuzz.program import Program
+    from tests.fuzz.runner import check_program, failure_key, repro_source, shrink
+
+    ns: dict = {"__name__": "repro"}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    program = Program.from_case(ns["CASE"])
+    if "TARGET" in ns:
+        target, dynamic = ns["TARGET"], ns["DYNAMIC"]
+    else:  # named seed<S>_<target>_<static|dynamic>.py
+        target, mode = re.search(r"_(cpu|reference)_(static|dynamic)", path.name).groups()
+        dynamic = mode == "dynamic"
+    found = check_program(program, target, dynamic)
+    if not found:
+        print("the repro passes: nothing to shrink")
+        return 1
+    small = shrink(program, target, dynamic, failure_key(found[0]), seconds)
+    out = path.with_suffix(".shrunk.py")
+    out.write_text(repro_source(small, target, dynamic, check_program(small, target, dynamic)))
+    print(small.source + f"written to {out}")
+    return 0
+
+
 def _write_markdown(path: Path, text: str) -> None:
     doc = path.read_text() if path.exists() else f"{START}\n{END}\n"
     if START not in doc:
@@ -247,14 +292,29 @@ def main(argv=None) -> int:
                    help="where repro scripts go")
     p.add_argument("--markdown", type=Path, help="write the summary into this file")
     p.add_argument("--json", help="append every case's record (JSON lines)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the seeds the --json file already has")
+    p.add_argument("--summarize", metavar="JSONL",
+                   help="no run: summarize the records a --json run wrote")
+    p.add_argument("--shrink", metavar="REPRO",
+                   help="no run: shrink a repro script's case, written next to it as .shrunk.py")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.out, args.shrink_seconds)
         return 0
+    if args.shrink:
+        return _shrink_repro(Path(args.shrink), args.shrink_seconds)
     start = time.monotonic()
-    records = _drive(args)
-    text = summarize(records, args, time.monotonic() - start)
+    if args.summarize:
+        with open(args.summarize) as f:
+            records = sorted((json.loads(line) for line in f), key=lambda r: r["seed"])
+        args.cases, args.seed = len(records), records[0]["seed"] if records else args.seed
+        seconds = sum(r.get("seconds", 0) for r in records) / max(args.jobs, 1)
+    else:
+        records = _drive(args)
+        seconds = time.monotonic() - start
+    text = summarize(records, args, seconds)
     print(text)
     if args.markdown:
         _write_markdown(args.markdown, text)

@@ -272,8 +272,7 @@ def host(calibration: Mapping[str, Any] | None = None) -> HardwareModel:
 HARDWARE = {"ascend-a2": ascend_a2, "host": host}
 
 
-def get_hardware(name: str, capacity_bytes: int | None = None,
-                 calibration: Mapping[str, Any] | None = None) -> HardwareModel:
-    """The model named ``name``; ``calibration``: the host's measured numbers (host only)."""
-    model = host(calibration) if name == "host" else HARDWARE[name]()
-    return model.with_capacity(capacity_bytes)
+def get_hardware(name: str, capacity_bytes: int | None = None) -> HardwareModel:
+    """The model named ``name`` with its built-in numbers (the host's calibrated one:
+    ``calibrate.hardware_model``)."""
+    return HARDWARE[name]().with_capacity(capacity_bytes)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pypto_inductor import zoo
+from pypto_inductor.report import collect
 
 WORLD = 2
 STEPS = 3
@@ -60,17 +61,20 @@ def _train_rank(rank: int, port: int, name: str, strategy: str, out_path: str,
         compiled = torch.compile(wrapped, backend=backend)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=LR)
         losses = []
-        for step in range(STEPS):
-            loss = compiled(**_shard(zoo.batch(name, seed=10 + step), rank))["loss"]
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses.append(mean / WORLD)
+        with collect() as reports:
+            for step in range(STEPS):
+                loss = compiled(**_shard(zoo.batch(name, seed=10 + step), rank))["loss"]
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                mean = loss.detach().clone()
+                dist.all_reduce(mean)
+                losses.append(mean / WORLD)
         state = {k: _full(v).detach().clone() for k, v in model.state_dict().items()}
         if rank == 0:
-            torch.save({"losses": torch.stack(losses), "state": state}, out_path)
+            torch.save({"losses": torch.stack(losses), "state": state,
+                        "graph_kinds": sorted({r.name.rsplit("_", 1)[-1] for r in reports}),
+                        "problems": zoo.compile_problems(reports)}, out_path)
     finally:
         dist.destroy_process_group()
 
@@ -94,6 +98,9 @@ def test_data_parallel_compiled_training_matches_single_process_eager(name, stra
     out_path = str(tmp_path / "rank0.pt")
     mp.spawn(_train_rank, args=(_free_port(), name, strategy, out_path), nprocs=WORLD, join=True)
     result = torch.load(out_path)
+    # the ranks ran pypto's compiled graphs, forward and backward, none of them eagerly
+    assert result["graph_kinds"] == ["backward", "forward"]
+    assert not result["problems"], "\n".join(result["problems"])
     ref_losses, ref_state = _train_eager(name)
     torch.testing.assert_close(result["losses"], ref_losses, **LOSS)
     assert result["state"].keys() == ref_state.keys()

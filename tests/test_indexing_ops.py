@@ -207,20 +207,22 @@ def test_arange_overloads(dynamic):
     assert "arange" in native_ops(tiles)
 
 
+# pads written in the code (under dynamic=True a pad read from a variable is a size
+# argument, of unknown sign: those pads run the reference executor)
 PADS = {
-    "last dim": ((1, 2), 0.0),
-    "last dim crop": ((-1, 3), 1.5),
-    "row dim": ((0, 0, 2, 1), -2.0),
-    "two dims": ((1, 1, 1, -1), 0.0),
+    "last dim": lambda x: F.pad(x, (1, 2)).tanh(),
+    "last dim crop": lambda x: F.pad(x, (-1, 3), value=1.5).tanh(),
+    "row dim": lambda x: F.pad(x, (0, 0, 2, 1), value=-2.0).tanh(),
+    "two dims": lambda x: F.pad(x, (1, 1, 1, -1)).tanh(),
 }
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("case", list(PADS))
-def test_constant_pad_nd_forward_and_backward(case):
-    pad, value = PADS[case]
+def test_constant_pad_nd_forward_and_backward(case, dynamic):
     torch.manual_seed(4)
-    out, ref, tiles = compile_run(lambda x: F.pad(x, pad, value=value).tanh(),
-                                  torch.randn(2, 5, 6), backward=True)
+    out, ref, tiles = compile_run(PADS[case], torch.randn(2, 5, 6), backward=True,
+                                  dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
     pads = [(kinds, native) for kinds, native, _ in tiles if "pad" in kinds]
     assert pads
@@ -230,7 +232,18 @@ def test_constant_pad_nd_forward_and_backward(case):
         assert all(n["native"] for _, n in pads), pads
 
 
-def test_slice_scatter_and_select_scatter():
+def test_pad_by_a_size_argument_of_either_sign():
+    """A pad computed from an int argument may pad or crop: F.pad's semantics, on the
+    reference executor (the sign is unknown when compiling)."""
+    fn = lambda x, n: F.pad(x, (n, 1)) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend="pypto", dynamic=True, options={"fallback": "error"})
+    x = torch.randn(3, 6)
+    for n in (2, -3, 0):
+        torch.testing.assert_close(compiled(x, n), fn(x, n))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_slice_scatter_and_select_scatter(dynamic):
     def fn(x, y, z):
         x = x.clone()
         x[:, 1:3] = y
@@ -239,7 +252,8 @@ def test_slice_scatter_and_select_scatter():
         return x * 2
 
     torch.manual_seed(5)
-    out, ref, tiles = compile_run(fn, torch.randn(4, 6), torch.randn(4, 2), torch.randn(4))
+    out, ref, tiles = compile_run(fn, torch.randn(4, 6), torch.randn(4, 2), torch.randn(4),
+                                  dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
 
 
@@ -256,13 +270,14 @@ SCATTERS = {
 }
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("case", list(SCATTERS))
-def test_scatters_run_as_their_own_tiles(case):
+def test_scatters_run_as_their_own_tiles(case, dynamic):
     torch.manual_seed(6)
     x, s = torch.randn(4, 5), torch.randn(4, 3)
     index = torch.stack([torch.randperm(5)[:3] for _ in range(4)])  # no duplicate per row
     fn = SCATTERS[case]
-    out, ref, tiles = compile_run(lambda x, i, s: fn(x, i, s) + 1, x, index, s)
+    out, ref, tiles = compile_run(lambda x, i, s: fn(x, i, s) + 1, x, index, s, dynamic=dynamic)
     torch.testing.assert_close(out, ref, **FP32)
     alone = [kinds for kinds, _, _ in tiles if {"scatter", "scatter_add", "scatter_reduce",
                                                    "index_put"} & set(kinds)]
@@ -396,3 +411,27 @@ def test_pypto_splits_tiles_at_ops_it_has_no_form_for():
                 emit_tile(part, g.plan.graph)
             split_ops |= {op.op for op in (split.split_ops if split else [])}
     assert {"gather", "pad", "scatter"} <= split_ops
+
+
+# --- other ops of the zoo models --------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_repeat(dynamic):
+    torch.manual_seed(14)
+    fn = lambda x: (x.repeat(2, 3) * 2, x.repeat(2, 1, 1) + 1)  # noqa: E731
+    out, ref, tiles = compile_run(fn, torch.randn(3, 4), dynamic=dynamic, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "copy" in native_ops(tiles)
+
+
+def test_any_all_and_isinf_reductions_are_native():
+    """T5 checks its activations with isinf().any(); an empty any is False, all True."""
+    x = torch.randn(4, 6)
+    x[1, 2], x[2] = float("inf"), 1.0
+
+    def fn(x, e):
+        return (torch.isinf(x).any(), (x > 0).all(-1), (x > 0).any(0, keepdim=True),
+                e.any(-1), e.all(-1))
+
+    out, ref, tiles = compile_run(fn, x, torch.randn(3, 0))
+    torch.testing.assert_close(out, ref)
+    assert all(n["native"] for _, n, _ in tiles), tiles

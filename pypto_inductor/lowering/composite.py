@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..config import parse_options
 from .decompositions import decomposition_table
@@ -77,25 +78,28 @@ def lower_transformer_encoder_layer(ctx, src, *args, mask=None, mask_type=None):
     return inline(ctx, encoder_layer, fx_args, values)
 
 
-def inline(ctx, fn, fx_args, values):
+def inline(ctx, fn, fx_args, values, many: bool = False):
     """Trace ``fn`` on the FX node's arguments ``fx_args`` (fake tensors of its operands,
-    ints, floats) and lower each traced node into ``ctx.graph``; ``values`` are the same
-    arguments as the lowering got them (value names for tensors). Returns the result's
-    value name."""
+    ints, floats, lists of them) and lower each traced node into ``ctx.graph``; ``values``
+    are the same arguments as the lowering got them (value names for tensors). Returns the
+    result's value name (a tuple of them for a list result)."""
     outer = ctx.node
-    tensors = [a for a in fx_args if isinstance(a, fx.Node)]
+    leaves, spec = tree_flatten(fx_args)
+    tensors = [a for a in leaves if isinstance(a, fx.Node)]
     fakes = [a.meta["val"] for a in tensors]
 
     def traced_fn(*tensor_values):
         it = iter(tensor_values)
-        return fn(*[next(it) if isinstance(a, fx.Node) else a for a in fx_args])
+        args = tree_unflatten([next(it) if isinstance(a, fx.Node) else a for a in leaves], spec)
+        return fn(*args)
 
     try:
         gm = make_fx(traced_fn, decomposition_table=decomposition_table())(*fakes)
     except Exception as e:  # noqa: BLE001 - the op then runs eagerly, with the reason
         raise Unsupported(f"{outer.name}: tracing its decomposition failed: {e}") from e
     env: dict = {}
-    placeholders = iter(v for a, v in zip(fx_args, values) if isinstance(a, fx.Node))
+    placeholders = iter(v for a, v in zip(leaves, tree_flatten(values)[0])
+                        if isinstance(a, fx.Node))
     config = parse_options(None)
     try:
         for node in gm.graph.nodes:
@@ -105,8 +109,11 @@ def inline(ctx, fn, fx_args, values):
                 node.name = f"{outer.name}_{node.name}"  # unique among the outer graph's
                 env[node] = lower_node(ctx, node, env, config)
             elif node.op == "output":
-                (result,) = node.args[0] if isinstance(node.args[0], (list, tuple)) \
-                    else (node.args[0],)
+                result = node.args[0]
+                if isinstance(result, (list, tuple)) and len(result) == 1 and not many:
+                    result = result[0]
+                if isinstance(result, (list, tuple)):
+                    return tuple(env[r] for r in result)
                 return env[result]
             else:
                 raise Unsupported(f"{outer.name}: its decomposition has a {node.op} node")
@@ -114,3 +121,58 @@ def inline(ctx, fn, fx_args, values):
         ctx.node = outer
     raise Unsupported(f"{outer.name}: its decomposition has no output")
 
+
+
+# --- _foreach_* (the optimizers' multi-tensor path, foreach=True) -----------------------------
+def _addcmul(x, t1, t2, value=1):
+    return x + value * t1 * t2  # ATen's association: self + (value * t1) * t2
+
+
+def _addcdiv(x, t1, t2, value=1):
+    return x + value * t1 / t2
+
+
+def _maximum(x, y):
+    return torch.maximum(x, y) if isinstance(y, torch.Tensor) else torch.clamp_min(x, y)
+
+
+def _minimum(x, y):
+    return torch.minimum(x, y) if isinstance(y, torch.Tensor) else torch.clamp_max(x, y)
+
+
+_FOREACH = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "pow": torch.pow, "maximum": _maximum, "minimum": _minimum,
+    "clamp_min": torch.clamp_min, "clamp_max": torch.clamp_max, "lerp": torch.lerp,
+    "addcmul": _addcmul, "addcdiv": _addcdiv, "copysign": torch.copysign,
+    **{name: getattr(torch, name) for name in (
+        "neg", "reciprocal", "sqrt", "rsqrt", "exp", "expm1", "log", "log1p", "log2",
+        "log10", "abs", "sign", "sigmoid", "tanh", "sin", "cos", "tan", "asin", "acos",
+        "atan", "sinh", "cosh", "erf", "erfc", "floor", "ceil", "round", "trunc", "frac")},
+}
+
+
+def _lower_foreach(ctx, *args, **kwargs):
+    """out[i] = op(args[i] for list args, the same for others): each element lowered as the
+    single-tensor op (its decomposition for addcmul, lerp, ...), fusing like any other."""
+    node = ctx.node
+    name = node.target.overloadpacket.__name__[len("_foreach_"):]
+    if node.target._overloadname == "Tensor" and name in ("addcmul", "addcdiv"):
+        raise Unsupported(f"_foreach_{name}.Tensor (per-tensor scalars in a tensor)")
+    op = _FOREACH[name]
+    lists = [a for a in node.args if isinstance(a, (list, tuple))]
+    n = len(lists[0])
+    fixed = dict(node.kwargs)
+
+    def elementwise(*xs):
+        return [op(*[x[i] if isinstance(x, (list, tuple)) else x for x in xs], **fixed)
+                for i in range(n)]
+
+    return inline(ctx, elementwise, list(node.args), list(args), many=True)
+
+
+for _name in _FOREACH:
+    _packet = getattr(aten, f"_foreach_{_name}", None)
+    if _packet is not None:
+        register_lowering(*[getattr(_packet, o) for o in _packet.overloads()
+                            if "out" not in o])(_lower_foreach)

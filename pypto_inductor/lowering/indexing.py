@@ -127,8 +127,9 @@ def lower_index(ctx, x, indices):
 
 @register_lowering(aten.constant_pad_nd)
 def lower_constant_pad_nd(ctx, x, pad, value=0):
-    """A ``pad`` tile op: ``pads[d] = (before, after)`` per dim, both >= 0, filled with
-    ``value``; negative pads crop first (slice views)."""
+    """A ``pad`` tile op: ``pads[d] = (before, after)`` per dim, filled with ``value``;
+    negative constant pads crop first (slice views), so they are >= 0 unless they are
+    size arguments of unknown sign (which pad or crop as F.pad does)."""
     spec = ctx.spec(x)
     ndim = len(spec.shape)
     if len(pad) % 2 or len(pad) // 2 > ndim:
@@ -142,8 +143,7 @@ def lower_constant_pad_nd(ctx, x, pad, value=0):
         if lo.is_number and hi.is_number and (lo < 0 or hi < 0):
             x = _crop(ctx, x, d, max(-int(lo), 0), max(-int(hi), 0))
             pads[d] = (sympy.Integer(max(int(lo), 0)), sympy.Integer(max(int(hi), 0)))
-        elif not (lo.is_nonnegative and hi.is_nonnegative):
-            raise Unsupported("constant_pad_nd with pads of unknown sign")
+        # pads of unknown sign (size arguments): kept, F.pad's semantics for either sign
     if all(lo == 0 and hi == 0 for lo, hi in pads):
         return ctx.pointwise("copy", (x,))
     return ctx.emit("pad", OpKind.BROADCAST, (x,), pads=tuple(pads), value=value)

@@ -179,3 +179,23 @@ def _cast(ctx, x, dtype):
     if spec.dtype == dtype:
         return x
     return ctx.emit("cast", OpKind.CAST, (x,), out=ctx.new_spec(spec.shape, dtype), dtype=dtype)
+
+
+@register_lowering(aten.repeat)
+def lower_repeat(ctx, x, repeats):
+    """x tiled ``repeats`` times: x viewed as [1, s0, 1, s1, ...], expanded to
+    [r0, s0, r1, s1, ...], copied, and viewed as [r0 * s0, r1 * s1, ...]."""
+    from .mutation import expanded
+
+    spec = ctx.spec(x)
+    repeats = [sympy.sympify(r) for r in repeats]
+    shape = (sympy.Integer(1),) * (len(repeats) - len(spec.shape)) + tuple(spec.shape)
+    if len(repeats) < len(spec.shape):
+        raise Unsupported("repeat with fewer repeats than dims")
+    split = tuple(s for size in shape for s in (sympy.Integer(1), size))
+    tiled = tuple(s for r, size in zip(repeats, shape) for s in (r, size))
+    unsqueezed = _view(ctx, "view", x, out=ctx.new_spec(split, spec.dtype), shape=split)
+    wide = _view(ctx, "expand", unsqueezed, out=expanded(ctx.spec(unsqueezed), tiled),
+                 shape=tiled)
+    copied = ctx.pointwise("copy", (wide,), out=ctx.new_spec(tiled, spec.dtype))
+    return _view(ctx, "view", copied, shape=ctx.out_spec.shape)

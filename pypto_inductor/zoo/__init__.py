@@ -283,11 +283,29 @@ def generate(model: nn.Module, input_ids: torch.Tensor, backend: str, dynamic: b
     return tokens, compiled_graphs, reports
 
 
+def compile_problems(reports) -> list[str]:
+    """What kept compiled graphs from running as planned kernels, one line each.
+
+    ``reports``: GraphReports (from ``report.collect()``). A graph that runs eagerly as a
+    whole, or a kernel that failed to build, is a problem; extern ops are not.
+    """
+    from ..report import FusionReport
+
+    problems = []
+    for g in FusionReport(list(reports)).to_dict()["graphs"]:
+        if g.get("eager_reason"):
+            problems.append(f"graph {g['name']} runs eagerly: {g['eager_reason']}")
+        for tile in g["fusion_tiles"]:
+            if tile["kernel_fallback"]:
+                problems.append(f"kernel {tile['name']} failed to build: {tile['kernel_fallback']}")
+    return problems
+
+
 def output_tensors(output) -> dict[str, torch.Tensor]:
     """The tensors of a model's output by name (logits, loss, encoder states, ...)."""
     items = output.items() if hasattr(output, "items") else enumerate(output)
     return {str(k): v for k, v in items if isinstance(v, torch.Tensor)}
 
 
-__all__ = ["CAUSAL_LMS", "ZOO", "ZooModel", "ResNet", "batch", "build", "generate",
-           "output_tensors"]
+__all__ = ["CAUSAL_LMS", "ZOO", "ZooModel", "ResNet", "batch", "build", "compile_problems",
+           "generate", "output_tensors"]

@@ -6,7 +6,8 @@ failure reproduces with nothing but torch and the backend installed.
 A case is a dict: ``source`` (a function ``fn``), ``inputs`` (input specs),
 ``backward`` and ``seed``. Each input spec has a dtype code, one shape per size
 variant and a kind; its values come from a torch.Generator seeded by (case seed,
-input index, variant), so the same case always sees the same values.
+input index, variant), so the same case always sees the same values; a spec's
+``layout`` passes them as a transposed or strided view.
 
 The comparison (``compare``): compiled output ``c`` against eager ``e``, with
 ``r`` the program run in float64 (every floating dtype, default dtype included,
@@ -96,17 +97,27 @@ def make_input(spec: dict, variant: int, seed: int, mode: str = "eager") -> torc
                               else torch.int64)
         pick = values[torch.randint(0, len(values), shape, generator=g)].to(dtype)
         t = torch.where(special, pick, t)
-    if not dtype.is_floating_point:
-        return t
-    if mode == "nudge":
+    if dtype.is_floating_point and mode == "nudge":
         fi = torch.finfo(dtype)
         a = t.double().abs()
         ordinary = ~special & torch.isfinite(a) & (a > fi.tiny * 1e3) & (a < fi.max / 1e3)
         u = torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1
         moved = (t.double() * (1 + u * fi.eps * NUDGE_ULPS)).to(dtype)
         t = torch.where(ordinary, moved, t)
-    if mode == "f64":
+    if dtype.is_floating_point and mode == "f64":
         t = t.double()
+    return with_layout(t, spec.get("layout"))
+
+
+def with_layout(t: torch.Tensor, layout: str | None) -> torch.Tensor:
+    """The same values in another memory layout: "transposed" (the last two dims' strides
+    swapped) or "strided" (every other element of a buffer twice as long)."""
+    if layout == "transposed":
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "strided":
+        buffer = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        buffer[..., ::2] = t
+        return buffer[..., ::2]
     return t
 
 

@@ -76,6 +76,8 @@ class Builder:
             spec["special"] = True
         if floating and self.rng.random() < 0.15:
             spec["scale"] = self.rng.choice([1e-3, 30.0, 1e4])
+        if len(dims) >= 2 and self.rng.random() < 0.15:
+            spec["layout"] = self.rng.choice(["transposed", "strided"])
         for v in (0, 1):
             if spec["shapes"][v] and torch.Size(spec["shapes"][v]).numel() > MAX_NUMEL:
                 raise Rejected("input too large")

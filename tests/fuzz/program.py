@@ -57,6 +57,21 @@ class Program:
     def special(self) -> bool:
         return any(s.get("special") for s in self.inputs)
 
+    @classmethod
+    def from_case(cls, case: dict) -> "Program":
+        """The Program of a case dict (a repro's CASE), its statements re-parsed."""
+        lines = case["source"].splitlines()
+        outputs = re.findall(r"\b[xv]\d+\b", lines[-1])
+        statements = []
+        for line in lines[1:-1]:
+            text = line.strip()
+            target, _, expr = text.partition(" = ")
+            defines = target if re.fullmatch(r"v\d+", target) else None
+            uses = re.findall(r"\b[xv]\d+\b", expr if defines else text)
+            mutates = None if defines else uses[0]
+            statements.append(Statement(text, defines, list(dict.fromkeys(uses)), "?", mutates))
+        return cls(case["seed"], case["inputs"], statements, outputs, case["backward"])
+
     def pruned(self, outputs: list[str]) -> "Program":
         """The program returning only ``outputs``, without statements nothing returned
         depends on (in-place writes to inputs are kept: they are observable)."""

@@ -51,7 +51,7 @@ class CaseResult:
         return self.program.families
 
 
-def _check(program: Program, target: str, dynamic: bool, refs=None, backend="pypto"):
+def check_program(program: Program, target: str, dynamic: bool, refs=None, backend="pypto"):
     torch._dynamo.reset()
     try:
         return check.check(program.case(), target, dynamic, refs, backend=backend)
@@ -81,7 +81,7 @@ def failure_key(f: dict) -> str:
 def _fails(program: Program, target: str, dynamic: bool, key: str) -> bool:
     if not _runs_eagerly(program):
         return False
-    return any(failure_key(f) == key for f in _check(program, target, dynamic))
+    return any(failure_key(f) == key for f in check_program(program, target, dynamic))
 
 
 def shrink(program: Program, target: str, dynamic: bool, key: str,
@@ -106,8 +106,8 @@ def shrink(program: Program, target: str, dynamic: bool, key: str,
                 options = [dataclasses.replace(
                     program, statements=program.statements[:i] + program.statements[i + 1:])]
             else:
-                options = [program.without(i, u).pruned(
-                    [u if o == s.defines else o for o in program.outputs])
+                options = [program.without(i, u).pruned(list(dict.fromkeys(
+                    u if o == s.defines else o for o in program.outputs)))
                     for u in s.uses if u != s.defines]
             for candidate in options:
                 if candidate.statements and _fails(candidate, target, dynamic, key):
@@ -132,10 +132,11 @@ def repro_source(program: Program, target: str, dynamic: bool, failures: list[di
     main = f'''
 
 CASE = {pprint.pformat(program.case(), width=96, sort_dicts=False)}
+TARGET, DYNAMIC = {target!r}, {dynamic}
 
 if __name__ == "__main__":
     print(CASE["source"])
-    found = check(CASE, {target!r}, dynamic={dynamic})
+    found = check(CASE, TARGET, dynamic=DYNAMIC)
     for f in found:
         print(f"{{f['kind'].upper()}} (size variant {{f['variant']}}): {{f['message']}}")
     if any(f["kind"] == "crash" for f in found):
@@ -163,7 +164,7 @@ def run_case(seed: int, configs=CONFIGS, shrink_budget_s: float = 0.0,
     refs: dict = {}
     failures = []
     for target, dynamic in configs:
-        for f in _check(program, target, dynamic, refs):
+        for f in check_program(program, target, dynamic, refs):
             failures.append({**f, "target": target, "dynamic": dynamic})
     by_config: dict = {}
     for f in failures:
@@ -171,12 +172,12 @@ def run_case(seed: int, configs=CONFIGS, shrink_budget_s: float = 0.0,
     for (target, dynamic), found in by_config.items():
         key = failure_key(found[0])
         upstream = any(failure_key(f) == key
-                       for f in _check(program, target, dynamic, backend=decomposed_eager))
+                       for f in check_program(program, target, dynamic, backend=decomposed_eager))
         small = program
         if shrink_budget_s > 0 and not upstream and _shrunk[target, key] < shrinks_per_key:
             _shrunk[target, key] += 1
             small = shrink(program, target, dynamic, key, shrink_budget_s)
-            found_small = _check(small, target, dynamic) or found
+            found_small = check_program(small, target, dynamic) or found
         else:
             found_small = found
         path = None

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import sympy
+
 from ...ir import OpKind, TileOp
 from ...sizes import numel, same_size
 from .ops import STORAGE
@@ -135,6 +137,8 @@ class IndexingMixin:
             raise NotNative(f"pad along {len(padded)} dims is not native yet (only one)")
         (d,) = padded
         lo, hi = op.attrs["pads"][d]
+        if not all(sympy.sympify(v).is_nonnegative for v in (lo, hi)):
+            raise NotNative("pad by a size argument of unknown sign is not native")
         x = op.args[0]
         parts = [(Lit(op.attrs["value"]), lo), (x, self.graph.specs[x].shape[d]),
                  (Lit(op.attrs["value"]), hi)]

@@ -178,6 +178,9 @@ OPS = {
     "leaky_relu": lambda a, n: f"({a[0]} > 0 ? {a[0]} : {a[0]} * "
                                f"{literal(n.attrs['negative_slope'], n.attrs['common'])})",
 }
+# any dtype: an integer is never infinite (T5 checks its fp16 activations with isinf().any())
+OPS["isinf"] = lambda a, n: (f"(std::fabs({a[0]}) == INFINITY)"
+                             if ctype(n.attrs["common"]) == "float" else "false")
 # ops computed in float only (an integer compute dtype is not native): the catalogue's
 FLOAT_ONLY = float_only(OPS)
 

@@ -13,7 +13,7 @@ import torch
 
 from ...ir import FusionTile, TileOp
 from ...sizes import same_size as _same
-from .program import FLOATS, Node, NotNative
+from .program import FLOATS, Lit, Node, NotNative
 
 
 def _compute_dtype(dt):
@@ -118,6 +118,17 @@ class ReductionAnalysis:
             hit = self.node("expr", "col", [x, ext], torch.int64,
                             fmt="(({0} == {1} || {0} != {0}) ? (int64_t)c : INT64_MAX)")
             return self.round(self.reduce("min", hit, torch.int64), out, op)
+        if name in ("any", "all"):  # a count of the nonzero (zero) elements: 0 when empty
+            test = "ne" if name == "any" else "eq"
+            flag = self.node("op", "col", [x, Lit(0)], torch.bool, self.D, op=test,
+                             common=x.dtype or torch.float32)
+            ones = self.node("op", "col", [flag], torch.int64, self.D, op="copy",
+                             common=torch.int64)
+            count = self.reduce("sum", ones, torch.int64)
+            verdict = self.node("op", "row", [count, Lit(0)], torch.bool,
+                                self.tshape(op.out.shape, True),
+                                op="gt" if name == "any" else "eq", common=torch.int64)
+            return self.round(verdict, out, op)
         if out not in FLOATS and name not in ("sum", "amax", "amin"):
             raise NotNative(f"{name} in {out} is not native yet")
         if name == "sum":
