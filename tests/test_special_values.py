@@ -58,7 +58,7 @@ UNARY = {
     "log10": (torch.log10, 0), "sin": (torch.sin, 0), "cos": (torch.cos, 0),
     "tan": (torch.tan, 0), "floor": (torch.floor, 0), "ceil": (torch.ceil, 0),
     "trunc": (torch.trunc, 0), "round": (torch.round, 0), "reciprocal": (torch.reciprocal, 0),
-    "abs": (torch.abs, 0), "sign": (torch.sign, 0), "isnan": (torch.isnan, 0),
+    "abs": (torch.abs, 0), "sign": (torch.sign, 0), "isnan": (torch.isnan, 0), "isinf": (torch.isinf, 0),
     "logical_not": (torch.logical_not, 0), "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), 0),
     "clamp": (lambda x: x.clamp(-2.5, 7.0), 0), "clamp_min": (lambda x: x.clamp(min=0.5), 0),
     "pow2": (lambda x: x.pow(2), 0), "pow3": (lambda x: x.pow(3), 0),

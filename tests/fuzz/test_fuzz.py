@@ -74,12 +74,16 @@ def test_comparison_flags_wrong_values_and_accepts_rounding():
     assert check.check(case, backend=_shifted(0.0)) == []
     found = check.check(case, backend=_shifted(1e-3))
     assert found and found[0]["kind"] == "mismatch"
-    # a half-type result computed without the per-op rounding eager does is not wrong
+    # a half-type result computed without the per-op rounding eager does is not wrong,
+    # nor one rounding off where eager happens to be exact
     e = torch.randn(64, dtype=torch.float16)
     r = e.double() + torch.randn(64, dtype=torch.float64) * 1e-3
     c = (r + (e.double() - r) * 0.5).half()  # closer to float64 than eager
     assert check.compare(c, e, r, e) is None
     assert check.compare(e + 0.25, e, r, e) is not None
+    one = torch.tensor([0.78125], dtype=torch.float16)
+    assert check.compare(one - 2 ** -11, one, one.double(), one) is None
+    assert check.compare(one - 2 ** -8, one, one.double(), one) is not None
     nan = torch.tensor([float("nan"), 1.0])
     assert check.compare(nan, nan, nan.double(), nan) is None
     assert check.compare(torch.tensor([0.0, 1.0]), nan, nan.double(), nan) is not None
@@ -103,6 +107,20 @@ def test_special_values_reach_the_inputs():
     nudged = check.make_input(spec, 0, seed=11, mode="nudge")
     same = x.isnan() | (x == nudged)
     assert not same.all() and (x.isnan() == nudged.isnan()).all()
+
+
+def test_inputs_do_not_depend_on_the_default_dtype():
+    """The float64 run sets the default dtype to float64: its inputs must stay the same."""
+    specs = [_case("", dtype=d, special=True)["inputs"][0] for d in ("f32", "b8", "i32")]
+    before = [check.make_input(s, 1, seed=4) for s in specs]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        after = [check.make_input(s, 1, seed=4) for s in specs]
+    finally:
+        torch.set_default_dtype(default)
+    for x, y in zip(before, after):
+        torch.testing.assert_close(x, y, equal_nan=True, atol=0, rtol=0)
 
 
 def test_repro_script_runs_standalone(tmp_path):
