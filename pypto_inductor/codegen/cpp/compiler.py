@@ -266,6 +266,10 @@ def _count(name: str) -> None:
 
 
 def compile_library(source: str, compiler, out: Path, extra_flags=()) -> None:
+    """Build ``out``; the caller holds ``out``'s entry lock, so any temporary of this entry
+    is a killed build's (the start-up sweep skips entries whose lock another thread held)."""
+    for stale in out.parent.glob(f"{out.stem}.*.so.tmp*"):
+        stale.unlink(missing_ok=True)
     path, _, flags = compiler
     flags = (*flags, *extra_flags)
     src = out.with_suffix(".cpp")
