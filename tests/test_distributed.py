@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import time
 import warnings
 
 import pytest
@@ -24,6 +25,7 @@ LR = 1e-3
 # AdamW normalises updates to about lr: rounding moves a parameter by a small fraction of it
 AFTER_ADAMW = {"atol": 1e-4, "rtol": 1e-4}
 LOSS = {"atol": 1e-5, "rtol": 1e-5}
+TIMEOUT_S = 600  # a hung rank fails the test instead of the whole run
 
 
 def _free_port() -> int:
@@ -75,6 +77,11 @@ def _train_rank(rank: int, port: int, name: str, strategy: str, out_path: str,
             torch.save({"losses": torch.stack(losses), "state": state,
                         "graph_kinds": sorted({r.name.rsplit("_", 1)[-1] for r in reports}),
                         "problems": zoo.compile_problems(reports)}, out_path)
+        # gloo's worker thread frees its last collective's tensors, which needs the GIL;
+        # DDP's Reducer, freed when this frame ends, joins that thread while holding the GIL
+        # (a deadlock seen in the suite). The barrier runs after that free on the worker.
+        dist.barrier()
+        del compiled, wrapped
     finally:
         dist.destroy_process_group()
 
@@ -96,7 +103,14 @@ def _train_eager(name: str):
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_data_parallel_compiled_training_matches_single_process_eager(name, strategy, tmp_path):
     out_path = str(tmp_path / "rank0.pt")
-    mp.spawn(_train_rank, args=(_free_port(), name, strategy, out_path), nprocs=WORLD, join=True)
+    ranks = mp.spawn(_train_rank, args=(_free_port(), name, strategy, out_path),
+                     nprocs=WORLD, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ranks.join(timeout=5):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the ranks did not finish in {TIMEOUT_S} s")
     result = torch.load(out_path)
     # the ranks ran pypto's compiled graphs, forward and backward, none of them eagerly
     assert result["graph_kinds"] == ["backward", "forward"]
