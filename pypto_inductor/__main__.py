@@ -75,7 +75,7 @@ def demo(args) -> int:
 
 def report_cmd(args) -> int:
     """The fusion report of a built-in model, a zoo model or a user's factory."""
-    from .report.cli import load_target
+    from .cli import load_target
 
     options = _parse_options(args.option) or None
     name, model, inputs = load_target(args.target, args.transformers, args.model,

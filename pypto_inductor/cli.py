@@ -29,7 +29,7 @@ def load_target(target: str | None, transformers: str | None, builtin: str | Non
     if len(given) > 1:
         raise SystemExit("report: give one of FILE.py:FACTORY, --transformers NAME or --model")
     if transformers:
-        from .. import zoo
+        from . import zoo
 
         model = zoo.build(transformers)
         batch = zoo.batch(transformers)
@@ -39,7 +39,7 @@ def load_target(target: str | None, transformers: str | None, builtin: str | Non
         return transformers, *_positional(model, batch)
     if target:
         return _from_file(target, backward)
-    from .. import models
+    from . import models
 
     name = builtin or "transformer"
     model, inputs = models.build(name)
