@@ -191,7 +191,7 @@ def _links(t: dict, artifacts: dict) -> str:
         links.append(f"<a href='#pypto-{esc(name)}'>pypto source</a>")
     if "pto_ir" in art:
         links.append(f"<a href='#ir-{esc(name)}'>PTO-like IR</a>")
-    for key, label in (("pto_ir_path", "PTO IR file"), ("perfetto_trace_path", "Perfetto trace")):
+    for key, label in (("pto_ir_path", "PTO IR file"), ("perfetto_trace_path", "perfetto trace")):
         path = t.get(key)
         if path:
             links.append(f"<a href='{esc(Path(path).resolve().as_uri())}' title='a local file; "
