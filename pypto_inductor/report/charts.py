@@ -37,27 +37,40 @@ def _short(name: str) -> str:
     return "k" + tail[:28]
 
 
-def _plt():
-    import matplotlib
+def _figure(width: float, height: float):
+    """A matplotlib Figure outside pyplot: no global backend or figure state is touched
+    (a user's interactive session keeps its own)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    return Figure(figsize=(width, height))
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 10})
-    return plt
+
+_RC = {"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 10}
 
 
 def _svg(fig, salt: str) -> str:
-    plt = _plt()
+    import matplotlib
+
     buf = io.StringIO()
-    with plt.rc_context({"svg.hashsalt": salt}):  # ids unique across the page's SVGs
+    with matplotlib.rc_context({**_RC, "svg.hashsalt": salt}):  # ids unique in the page
         fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
     text = buf.getvalue()
     svg = text[text.index("<svg"):]
     return svg.replace("<svg ", f"<svg class='chart' id='chart-{salt}' ", 1)
 
 
+def _styled(draw):
+    """Draws under the report's rc settings (fonts are read when artists are made)."""
+    def wrapper(d: dict) -> str:
+        import matplotlib
+
+        with matplotlib.rc_context(_RC):
+            return draw(d)
+    wrapper.__doc__ = draw.__doc__
+    return wrapper
+
+
+@_styled
 def times(d: dict) -> str:
     """Per tile: predicted, measured and simulated time, the slowest tiles first."""
     rows = tile_rows(d)
@@ -68,8 +81,8 @@ def times(d: dict) -> str:
     series = [("predicted", "#7a9cc6")]
     series += [(k, c) for k, c in (("measured", "#d9822b"), ("simulated", "#4a9d5b"))
                if any(r[k] is not None for r in rows)]
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.22 * len(rows) * len(series) ** 0.5))
+    fig = _figure(7.5, 0.9 + 0.22 * len(rows) * len(series) ** 0.5)
+    ax = fig.subplots()
     h = 0.8 / len(series)
     for i, (key, colour) in enumerate(series):
         ax.barh([j + (i - (len(series) - 1) / 2) * h for j in range(len(rows))],
@@ -84,6 +97,7 @@ def times(d: dict) -> str:
     return _svg(fig, "times")
 
 
+@_styled
 def roofline(d: dict) -> str:
     """Arithmetic intensity (flop/byte of global memory) against attained GFLOP/s, under
     the hardware's bandwidth and compute roofs; tiles at their measured time when known,
@@ -93,8 +107,8 @@ def roofline(d: dict) -> str:
     bw, vec = hw.get("gm_bandwidth_GBps"), hw.get("vector_GFLOPs")
     if not rows or not bw or not vec:
         return ""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig = _figure(6.5, 4.2)
+    ax = fig.subplots()
     floor = 1e-3  # tiles without flops (copies, gathers) sit at the left edge
     marks = {"memory": ("o", "#3b6fb6"), "compute": ("s", "#c0392b"), "launch": ("^", "#888")}
     for bound, (m, c) in marks.items():
@@ -129,6 +143,7 @@ def _time(r: dict) -> float:
     return r["measured"] or r["simulated"] or r["predicted"]
 
 
+@_styled
 def top_tiles(d: dict, n: int = 12) -> str:
     """The tiles taking the most time (measured, else simulated, else predicted), with
     their share of the total."""
@@ -139,8 +154,8 @@ def top_tiles(d: dict, n: int = 12) -> str:
     top = sorted(rows, key=_time, reverse=True)[:n][::-1]
     basis = ("measured" if all(r["measured"] is not None for r in rows)
              else "simulated" if all(r["simulated"] is not None for r in rows) else "predicted")
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 0.8 + 0.24 * len(top)))
+    fig = _figure(6.5, 0.8 + 0.24 * len(top))
+    ax = fig.subplots()
     colours = {"memory": "#3b6fb6", "compute": "#c0392b", "launch": "#999"}
     ax.barh(range(len(top)), [_time(r) for r in top],
             color=[colours.get(r["bound"], "#777") for r in top])
