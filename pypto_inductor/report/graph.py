@@ -5,7 +5,8 @@ belongs to) and edges (with the reason every edge between two kernels was left
 unfused). :func:`svg` draws that with a small layered layout written here (no
 Graphviz: the report must render wherever the package imports, and a
 ``dot`` binary is not something pip can install): FusionTiles are the layout's
-units, placed in columns by longest path (left to right, inputs first) and
+units, placed in columns by longest path (left to right, inputs first; then
+each unit just before its first reader) and
 ordered in each column by the barycentre of their neighbours, a few sweeps each
 way; each unit is drawn as a coloured box holding its ops.
 """
@@ -184,19 +185,23 @@ def _edge_kind(reason: str) -> str:
 
 
 def _layers(units: dict, succ: dict, pred: dict) -> dict:
-    """Longest path from a source, by Kahn's algorithm (the unit graph is acyclic)."""
+    """Columns: longest path from a source (Kahn's algorithm; the unit graph is acyclic),
+    then every unit but the sinks moved right to just before its first reader, so a
+    constant or a weight's reshape sits next to where it is used."""
     indeg = {u: len(pred[u]) for u in units}
     layer = {u: 0 for u in units}
     ready = [u for u in units if indeg[u] == 0]
+    order = []
     while ready:
         u = ready.pop()
+        order.append(u)
         for v in succ[u]:
             layer[v] = max(layer[v], layer[u] + 1)
             indeg[v] -= 1
             if indeg[v] == 0:
                 ready.append(v)
-    for u in units:  # a source (a weight's reshape, say) sits just before its first reader
-        if not pred[u] and succ[u]:
+    for u in reversed(order):
+        if succ[u]:
             layer[u] = min(layer[v] for v in succ[u]) - 1
     return layer
 

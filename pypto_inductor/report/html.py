@@ -146,7 +146,8 @@ def _graph_section(i: int, g: dict, artifacts: dict) -> str:
                "left unfused: <span class='k rej'>red dashed</span> a merge the planner "
                "rejected, <span class='k eag'>orange</span> an edge to an eager op, "
                "<span class='k oth'>grey</span> other. Hover a line or box for the reason; "
-               "edges inside a kernel are not drawn. Columns: longest path from the inputs.</p>")
+               "edges inside a kernel are not drawn. Columns follow the dependencies (each box just "
+               "before its first reader); click a box for its row in the table.</p>")
     out.append(f"<div class='scroll'>{graph_svg(g, gid, tiles)}</div>")
     unfused = [e for e in g.get("edges", []) if e["reason"]]
     if unfused:
