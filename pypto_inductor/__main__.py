@@ -74,9 +74,15 @@ def demo(args) -> int:
 
 
 def report_cmd(args) -> int:
-    model, inputs = models.build(args.model)
-    rep = report(model, *inputs, options=_parse_options(args.option) or None,
-                 backward=args.backward)
+    """The fusion report of a built-in model, a zoo model or a user's factory."""
+    from .cli import load_target
+
+    options = _parse_options(args.option) or None
+    name, model, inputs = load_target(args.target, args.transformers, args.model,
+                                      args.backward)
+    rep = report(model, *inputs, options=options, backward=args.backward,
+                 dynamic=True if args.dynamic else None)
+    rep.model = name
     print(rep)
     if args.save:
         print(f"\nreport written to {rep.save(args.save)}")
@@ -122,15 +128,27 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pypto_inductor")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_text in (("demo", demo, "compile a built-in model, check it, report, time"),
-                                ("report", report_cmd, "print the fusion report of a built-in model")):
+                                ("report", report_cmd, "the fusion report of any model "
+                                 "(path/to/file.py:factory, --transformers NAME or --model)")):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--model", default="gpt_block" if name == "demo" else "transformer",
-                       choices=sorted(MODELS))
-        p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+        p.add_argument("--model", default="gpt_block" if name == "demo" else None,
+                       choices=sorted(MODELS),
+                       help="a built-in model" + (" (default: transformer)" if name == "report"
+                                                   else ""))
+        p.add_argument("--option", "--options", "-o", action="append", default=[],
+                       metavar="KEY=VALUE",
                        help="a backend option, e.g. -o capacity_bytes=65536 -o target=reference")
         p.add_argument("--save", metavar="PATH", help="also write the report (.json or .html)")
         if name == "report":
+            p.add_argument("target", nargs="?", metavar="FILE.py:FACTORY",
+                           help="a Python file and a function in it returning (model, "
+                                "example_inputs); inputs a tuple of tensors or a dict of "
+                                "keyword arguments")
+            p.add_argument("--transformers", metavar="NAME", choices=sorted(ZOO),
+                           help="a transformers model of the zoo, built from its tiny config")
             p.add_argument("--backward", action="store_true", help="include the backward graph")
+            p.add_argument("--dynamic", action="store_true",
+                           help="compile with dynamic shapes (symbolic footprints)")
         else:
             p.add_argument("--repeats", type=int, default=20, help="timing repeats")
         p.set_defaults(fn=fn)

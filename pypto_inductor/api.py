@@ -17,6 +17,7 @@ from .backend import pypto_backend
 from .calibrate import hardware_model
 from .codegen.pypto.sim import simulate_plan
 from .config import parse_options
+from .progress import Progress
 from .report import FusionReport, GraphReport, collect, measured_total
 
 
@@ -41,10 +42,11 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
                                    backward, dynamic, calls)
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     if config.simulate:
-        for graph_report in graphs:
-            if graph_report.plan is not None:
+        planned = [g for g in graphs if g.plan is not None]
+        with Progress(sum(len(g.plan.tiles) for g in planned), "simulating") as bar:
+            for graph_report in planned:
                 graph_report.simulation = simulate_plan(graph_report.plan,
-                                                        buffering=config.buffering)
+                                                        buffering=config.buffering, progress=bar)
     rep = FusionReport(graphs, target=config.target, hardware=hw)
     if unfused is not None:
         rep.measured_us_unfused = measured_total([g.to_dict() for g in unfused])

@@ -26,13 +26,13 @@ PACKAGE = "pypto_inductor"
 # Each top-level module or folder of the package, by layer: a module imports only from
 # its own layer (without a cycle) or from the layers below.
 LAYERS = [
-    {"ir", "hardware", "sizes", "ops", "config"},
+    {"ir", "hardware", "sizes", "ops", "config", "progress"},
     {"lowering", "fusion"},
     {"codegen"},
     {"runtime", "calibrate"},
     {"report"},
     {"api", "backend"},
-    {"__init__", "__main__", "models", "zoo"},
+    {"__init__", "__main__", "cli", "models", "zoo"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

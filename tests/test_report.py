@@ -235,3 +235,26 @@ def test_empty_report_is_valid():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         str(rep)
+
+
+def test_html_shows_any_decision_field_as_a_column(transformer, tmp_path, monkeypatch):
+    """Fields added to decisions later (an attention choice, say) become columns."""
+    import sys
+
+    from pypto_inductor.fusion.planner import Decision
+
+    plain = Decision.to_dict
+    monkeypatch.setattr(Decision, "to_dict", lambda self: {
+        **plain(self), "attention": {"choice": "flash", "blocks": 4}, "note": "extra"})
+    model, x = transformer
+    rep = pypto_inductor.report(model, x)
+    html = rep.save(tmp_path / "r.html").read_text()
+    table = html[html.index("id='decisions-table'"):]
+    table = table[:table.index("</table>")]
+    head = table[:table.index("</thead>")]
+    for col in ("roi_score", "bandwidth_saving_pct", "attention.choice", "attention.blocks",
+                "note"):
+        assert f"<th>{col}</th>" in head
+    assert "<td>flash</td>" in table and "<td class='num' data-v='4'>4</td>" in table
+    assert '{"bandwidth_saving_pct"' not in table  # no JSON in a cell
+    assert "matplotlib.pyplot" not in sys.modules  # the charts leave pyplot's state alone

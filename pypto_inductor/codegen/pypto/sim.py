@@ -228,12 +228,16 @@ def _default_workers() -> int:
 
 
 def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOUT_S,
-                     use_cache: bool = True, workers: int | None = None) -> list[SimResult]:
+                     use_cache: bool = True, workers: int | None = None,
+                     on_result=None) -> list[SimResult]:
     """Simulate each kernel with pypto's SIM run mode; one result per kernel, never raises.
 
     Kernels run in ``workers`` worker processes (default: 2, or
     $PYPTO_INDUCTOR_SIM_WORKERS), each over its share of the batch.
+    ``on_result(index)`` is called (from worker threads too) as each kernel's result is
+    known, for a progress bar.
     """
+    done = on_result or (lambda i: None)
     results: list[SimResult | None] = [None] * len(kernels)
     if not kernels:
         return []
@@ -247,6 +251,7 @@ def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOU
         hit = _from_cache(k, entry) if use_cache else None
         if hit is not None and hit.ok:
             results[i] = hit
+            done(i)
         else:
             pending.append(i)
     # Identical kernels (e.g. the same op in two tiles) are simulated once.
@@ -262,6 +267,14 @@ def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOU
         return [r or SimResult(k.name, error=f"no temporary directory: {e}")
                 for r, k in zip(results, kernels)]
 
+    copies: dict[Path, list[int]] = {}
+    for i in pending:
+        copies.setdefault(entries[i], []).append(i)
+
+    def report_copies(i: int) -> None:  # a result stands for every identical kernel
+        for j in copies[entries[i]]:
+            done(j)
+
     def run_chunk(items: list[dict]) -> None:
         try:
             _run_chunk(items)
@@ -274,19 +287,21 @@ def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOU
     def _run_chunk(items: list[dict]) -> None:
         while items:
             t0 = time.monotonic()
-            done, started, failure = _run_worker(tmp, items, timeout)
-            per = (time.monotonic() - t0) / max(len(done), 1)
-            progressed = any(item["index"] in done or item["index"] in started
+            finished, started, failure = _run_worker(tmp, items, timeout)
+            per = (time.monotonic() - t0) / max(len(finished), 1)
+            progressed = any(item["index"] in finished or item["index"] in started
                              for item in items)
             remaining = []
             for item in items:
                 i = item["index"]
-                if i in done:
-                    results[i] = _store(kernels[i], entries[i], done[i], per)
+                if i in finished:
+                    results[i] = _store(kernels[i], entries[i], finished[i], per)
+                    report_copies(i)
                 elif i in started or not progressed:
                     # the kernel the worker died on, or a worker that never got going
                     results[i] = SimResult(kernels[i].name,
                                            error=failure or "simulation worker stopped")
+                    report_copies(i)
                 else:
                     remaining.append(item)
             items = remaining
@@ -413,7 +428,7 @@ def _emit_split(tile: FusionTile, graph: TileGraph, hw, buffering: int):
 
 
 def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering: int = 2,
-                   timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, TileSimulation]:
+                   timeout: float = DEFAULT_TIMEOUT_S, progress=None) -> dict[str, TileSimulation]:
     """Simulate every tile fused, and each of its ops as its own kernel; one worker batch.
 
     A tile with ops that have no pypto form is split there (:func:`split_tile`): its
@@ -435,7 +450,8 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
                 slots[name] = len(kernels)
                 kernels.append(k)
         plans.append((tile, fused, split, singles, errors, slots))
-    results = simulate_kernels(kernels, timeout=timeout)
+    results = simulate_kernels(kernels, timeout=timeout,
+                               on_result=_tile_progress(plans, progress) if progress else None)
     out: dict[str, TileSimulation] = {}
     for tile, fused, split, singles, errors, slots in plans:
         sim = TileSimulation(tile.name)
@@ -465,6 +481,28 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
     return out
 
 
+def _tile_progress(plans: list, progress):
+    """A per-kernel callback calling ``progress.update(1)`` once all of a tile's kernels
+    are done (at once for a tile with none)."""
+    lock = threading.Lock()
+    left, tile_of = [], {}
+    for t, (_tile, _f, _s, _singles, _errors, slots) in enumerate(plans):
+        left.append(len(slots))
+        for k in slots.values():
+            tile_of[k] = t
+        if not slots:
+            progress.update(1, failed=1)
+
+    def on_result(k: int) -> None:
+        with lock:
+            t = tile_of[k]
+            left[t] -= 1
+            finished = left[t] == 0
+        if finished:
+            progress.update(1)
+    return on_result
+
+
 def record_unfused(sim: "TileSimulation", singles: list, slots: dict, results: list,
                    errors: list[str]) -> None:
     """Fill a tile's per-op and total unfused cycles from its one-op kernels' results
@@ -486,11 +524,13 @@ def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 
     return simulate_tiles([tile], graph, hw, buffering, timeout)[tile.name]
 
 
-def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S
-                  ) -> dict[str, TileSimulation]:
-    """Per-FusionTile simulation results of a FusionPlan (tile name -> TileSimulation)."""
+def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
+                  progress=None) -> dict[str, TileSimulation]:
+    """Per-FusionTile simulation results of a FusionPlan (tile name -> TileSimulation);
+    ``progress``: a :class:`pypto_inductor.progress.Progress` counting tiles."""
     try:
-        return simulate_tiles(plan.tiles, plan.graph, plan.hardware, buffering, timeout)
+        return simulate_tiles(plan.tiles, plan.graph, plan.hardware, buffering, timeout,
+                              progress)
     except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
         return {t.name: TileSimulation(t.name, simulation_error=f"{type(e).__name__}: {e}")
                 for t in plan.tiles}

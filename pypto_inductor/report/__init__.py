@@ -1,22 +1,27 @@
 """FusionReport: what was fused, what was not, and why, per compiled graph.
 
 The data model (:class:`GraphReport`, :class:`FusionReport`) and its renderers:
-a text table, JSON and HTML. The backend publishes a GraphReport for every graph
-it compiles (:func:`publish`): to :func:`collect` blocks (what
-``pypto_inductor.report(model, *inputs)`` in :mod:`.api` uses) and, with
+a text table, JSON and HTML (:mod:`.html`: the tile graph's picture from
+:mod:`.graph`, matplotlib charts from :mod:`.charts`). The backend publishes a
+GraphReport for every graph it compiles (:func:`publish`): to :func:`collect`
+blocks (what ``pypto_inductor.report(model, *inputs)`` in :mod:`..api` uses) and, with
 ``options={"report_path": p}``, to the file ``p``.
 """
 from __future__ import annotations
 
 import contextlib
-import html
 import json
+import logging
 from pathlib import Path
 
 from tabulate import tabulate
 
-from .config import Config
-from .hardware import HardwareModel
+from ..config import Config
+from ..fusion.roi import CostModel
+from ..hardware import HardwareModel
+from . import graph as _graph
+
+log = logging.getLogger(__name__)
 
 
 class GraphReport:
@@ -47,6 +52,8 @@ class GraphReport:
         plan, graph = self.plan, self.plan.graph
         measured = self.compiled.measured_us() if self.compiled else {}
         fallbacks = self.compiled.kernel_fallbacks if self.compiled else {}
+        native = self.compiled.kernel_native if self.compiled else {}
+        cost = CostModel(graph, self.hardware) if self.hardware else None
         tiles = []
         for tile in plan.tiles:
             entry = {
@@ -64,6 +71,7 @@ class GraphReport:
                 "gm_bytes": int(tile.gm_bytes),
                 "bound": tile.bound,
                 "predicted_us": round(tile.predicted_us, 3),
+                "flops": int(cost.kernel_cost(tile.ops).flops) if cost else 0,
                 "kernel_fallback": fallbacks.get(tile.name),
                 "native": self.compiled.kernel_native.get(tile.name) if self.compiled else None,
             }
@@ -92,7 +100,31 @@ class GraphReport:
             "gm_bytes_fused": sum(t.gm_bytes for t in plan.tiles),
             "predicted_us_unfused": round(plan.unfused_cost["time_us"], 3),
             "predicted_us_fused": round(sum(t.predicted_us for t in plan.tiles), 3),
+            **_graph.structure(plan, fallbacks, native),
         }
+
+    def artifacts(self) -> dict[str, dict[str, str]]:
+        """Tile name -> {"cpp_source", "pto_ir"} texts that exist (for the HTML's links)."""
+        if self.plan is None:
+            return {}
+        out = {}
+        kernels = self.compiled.kernels if self.compiled else {}
+        for tile in self.plan.tiles:
+            entry = {}
+            try:
+                entry["pto_ir"] = tile.pto_text(self.plan.graph.specs)
+            except Exception as e:  # noqa: BLE001 - a listing must not fail the report
+                log.debug("no PTO-like listing of %s: %s", tile.name, e)
+            program = getattr(kernels.get(tile.name), "program", None)
+            if program is not None:
+                from ..codegen.cpp import generate_source
+
+                try:
+                    entry["cpp_source"] = generate_source(program)
+                except Exception as e:  # noqa: BLE001
+                    log.debug("no C++ source of %s: %s", tile.name, e)
+            out[tile.name] = entry
+        return out
 
 
 class FusionReport:
@@ -105,6 +137,7 @@ class FusionReport:
         self.hardware = hardware
         # sum of measured_us of the same model compiled with fusion=False (profile only)
         self.measured_us_unfused: float | None = None
+        self.model: str | None = None  # a name for the report's title
 
     def to_dict(self) -> dict:
         graphs = [g.to_dict() for g in self.graphs]
@@ -130,7 +163,7 @@ class FusionReport:
             summary.update(_simulated_summary(graphs))
         return {
             "target": self.target,
-            "hardware": hw.to_dict() if hw else {"name": None, "capacity_bytes": None},
+            "hardware": _hardware_dict(hw),
             "graphs": graphs,
             "summary": summary,
         }
@@ -178,58 +211,12 @@ class FusionReport:
         if path.suffix == ".json":
             path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
         elif path.suffix in (".html", ".htm"):
-            path.write_text(_html(self))
+            from .html import render
+
+            path.write_text(render(self))
         else:
             raise ValueError(f"report path must end in .json or .html, got {path.name!r}")
         return path
-
-
-def _html(report: FusionReport) -> str:
-    esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>pypto fusion report</title>",
-             "<style>body{font-family:sans-serif}table{border-collapse:collapse;margin:8px 0}"
-             "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
-             ".no{color:#a33}.yes{color:#262}</style></head><body>",
-             "<h1>pypto fusion report</h1>", f"<pre>{esc(str(report).splitlines()[0])}</pre>"]
-    d = report.to_dict()
-    for g in d["graphs"]:
-        parts.append(f"<h2>{esc(g['name'])}</h2>")
-        if g.get("eager_reason"):
-            parts.append(f"<p>runs eagerly: {esc(g['eager_reason'])}</p>")
-            continue
-        simulated = any("simulated_cycles_fused" in t for t in g["fusion_tiles"])
-        parts.append("<table><tr><th>kernel</th><th>ops</th><th>dtype</th><th>tile</th>"
-                     "<th>footprint</th><th>predicted us</th><th>measured us</th>"
-                     + ("<th>simulated cycles fused</th><th>unfused</th><th>split ops</th>"
-                        "<th>pypto SIM trace</th>" if simulated else "") + "</tr>")
-        for t in g["fusion_tiles"]:
-            cells = [t["name"], " ".join(t["op_kinds"]), t["dtype"],
-                     "x".join(map(str, t["tile_shape"])),
-                     f"{t['footprint_bytes']} B = {t['footprint_expr']}", t["predicted_us"],
-                     t.get("measured_us", "")]
-            row = "".join(f"<td>{esc(str(c))}</td>" for c in cells)
-            if simulated:
-                row += "".join(f"<td>{esc(str(c if c is not None else ''))}</td>" for c in (
-                    t.get("simulated_cycles_fused"), t.get("simulated_cycles_unfused"),
-                    " ".join(t.get("split_ops") or [])))
-                trace = t.get("perfetto_trace_path")
-                # a local JSON trace: open it in https://ui.perfetto.dev ("Open trace file")
-                row += (f"<td><a href='{esc(Path(trace).resolve().as_uri())}' "
-                        f"title='open in ui.perfetto.dev'>perfetto trace</a></td>" if trace
-                        else f"<td>{esc(t.get('simulation_error') or '')[:200]}</td>")
-            parts.append("<tr>" + row + "</tr>")
-        parts.append("</table><table><tr><th>producer</th><th>consumer</th><th>fused</th>"
-                     "<th>reason</th><th>roi</th></tr>")
-        for x in g["decisions"]:
-            cls = "yes" if x["fused"] else "no"
-            roi = json.dumps(x["roi"]) if x["roi"] else ""
-            parts.append(f"<tr class='{cls}'><td>{esc(x['producer'])}</td><td>{esc(x['consumer'])}"
-                         f"</td><td>{x['fused']}</td><td>{esc(x['reason'])}</td>"
-                         f"<td>{esc(roi)}</td></tr>")
-        parts.append("</table>")
-    parts.append(f"<h2>summary</h2><pre>{esc(json.dumps(d['summary'], indent=2))}</pre>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 # --- collecting reports while compiling ----------------------------------------------
@@ -241,6 +228,7 @@ def publish(graph_report: GraphReport, config: Config, hardware: HardwareModel) 
     """Called by the backend for every compiled graph (``hardware``: the model it planned
     with)."""
     graph_report.target = config.target
+    _log_graph(graph_report)
     for sink in _ACTIVE:
         sink.append(graph_report)
     if config.report_path:
@@ -288,3 +276,35 @@ def _simulated_summary(graphs: list[dict]) -> dict:
     return {"simulated_cycles_fused": fused, "simulated_cycles_unfused": unfused,
             "simulated_speedup": round(unfused / fused, 3) if fused else None,
             "simulation_failures": failures}
+
+
+def _hardware_dict(hw) -> dict:
+    if hw is None:
+        return {"name": None, "capacity_bytes": None}
+    d = hw.to_dict()
+    d.setdefault("cube_GFLOPs", round(hw.cube_flops_per_s / 1e9, 1))
+    return d
+
+
+def _log_graph(rep: GraphReport) -> None:
+    """What the planner decided for one graph, as it is compiled: INFO a line per graph,
+    DEBUG a line per decision and per eager op (``TORCH_LOGS=+pypto_inductor``, or
+    ``logging.getLogger("pypto_inductor").setLevel(logging.DEBUG)``)."""
+    if rep.plan is None:
+        log.info("graph %s runs eagerly: %s", rep.name, rep.eager_reason)
+        return
+    plan = rep.plan
+    log.info("graph %s: %d ops -> %d kernels (unfused %d), GM bytes %d -> %d, %d eager ops",
+             rep.name, len(plan.graph.nodes), len(plan.tiles), plan.unfused_cost["kernels"],
+             plan.unfused_cost["gm_bytes"], sum(t.gm_bytes for t in plan.tiles),
+             len(plan.externs))
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    for d in plan.decisions:
+        log.debug("%s %s -> %s: %s", "fuse" if d.fused else "keep apart", d.producer,
+                  d.consumer, d.reason)
+    for n in plan.externs:
+        log.debug("eager %s (%s): %s", n.name, n.op_name, n.reason)
+    if rep.compiled is not None:
+        for name, why in rep.compiled.kernel_fallbacks.items():
+            log.warning("kernel %s did not build, runs on the reference executor: %s", name, why)
