@@ -79,7 +79,9 @@ def _is(node, fns=(), methods=()) -> bool:
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
-    users = list(node.users)
+    # x.type_as(node) reads only node's dtype (T5 casts the probabilities back that way)
+    users = [u for u in node.users if not (u.op == "call_method" and u.target == "type_as"
+                                             and u.args[0] is not node)]
     return users[0] if len(users) == 1 else None
 
 
