@@ -229,3 +229,22 @@ def test_bert_eager_attention_training_step():
     decisions, eager_ops = _decisions(list(reports))
     assert [x["fused"] for x in decisions] == [True] * zoo.LAYERS
     assert transformers is not None
+
+
+def test_dynamic_sizes():
+    # symbolic batch and sequence sizes: matched without guarding on them, no recompile
+    def fn(q, k, v, mask):
+        s = torch.matmul(q, k.transpose(-1, -2)) * 0.25 + mask
+        return torch.matmul(F.softmax(s, dim=-1), v)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="pypto", dynamic=True)
+    with collect() as reports:
+        for b, n in ((2, 16), (3, 24), (4, 9)):
+            q, k, v = (torch.randn(b, H, n, E) for _ in range(3))
+            mask = torch.randn(b, 1, 1, n)
+            torch.testing.assert_close(compiled(q, k, v, mask), fn(q, k, v, mask),
+                                       **_tol(torch.float32))
+    reports = list(reports)
+    assert len(reports) == 1
+    assert [x["fused"] for x in _decisions(reports)[0]] == [True]

@@ -39,6 +39,7 @@ import operator
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
 
 _MATMUL = {torch.matmul, operator.matmul}
 _MUL = {operator.mul, operator.imul, torch.mul}
@@ -83,6 +84,21 @@ def _only_user(node: fx.Node) -> fx.Node | None:
     users = [u for u in node.users if not (u.op == "call_method" and u.target == "type_as"
                                              and u.args[0] is not node)]
     return users[0] if len(users) == 1 else None
+
+
+def _same(a, b) -> bool:
+    """Sizes known equal without adding a guard (sizes may be symbolic under dynamic=True)."""
+    return statically_known_true(a == b)
+
+
+def _broadcasts(shape, to) -> bool:
+    if len(shape) > len(to):
+        return False
+    return all(_same(m, 1) or _same(m, t) for m, t in zip(shape[::-1], to[::-1]))
+
+
+def _hint(n) -> int:
+    return int(optimization_hint(n))
 
 
 def _number(x) -> bool:
@@ -242,7 +258,8 @@ def _match(softmax: fx.Node) -> _Chain:
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in vals):
         raise _NoMatch("q, k^T or v is not 4-d")
     qv, ktv, vv, s, o = vals
-    if not (qv.shape[:2] == ktv.shape[:2] == vv.shape[:2]):
+    if not all(_same(x, y) for x, y in zip(qv.shape[:2] + vv.shape[:2],
+                                           ktv.shape[:2] + ktv.shape[:2])):
         raise _NoMatch("q, k and v differ in batch or head counts (a broadcast matmul)")
     dtype = s.dtype
     if not dtype.is_floating_point or o.dtype != dtype:
@@ -255,9 +272,11 @@ def _match(softmax: fx.Node) -> _Chain:
         mv = _val(m)
         if kind == "add" and mv.dtype not in (dtype, torch.float32):
             raise _NoMatch(f"mask {m.name} is {mv.dtype}")
-        if mv.dim() > 4 or torch.broadcast_shapes(tuple(mv.shape), tuple(s.shape)) != s.shape:
+        if not _broadcasts(tuple(mv.shape), tuple(s.shape)):
             raise _NoMatch(f"mask {m.name} of shape {tuple(mv.shape)} does not broadcast to "
                            f"the scores' {tuple(s.shape)}")
+    if not (math.isfinite(scale) and scale != 0):
+        raise _NoMatch(f"scale {scale}")
     nodes = [mm1] + nodes_before[::-1] + [softmax] + nodes_after + [mm2]
     return _Chain(mm1, mm2, q, kt, v, scale, masks[::-1], nodes)
 
@@ -286,10 +305,10 @@ def _predicted_us(chain: _Chain, hw) -> tuple[float, float]:
     s = _val(chain.mm1)
     qv, vv, o = _val(chain.q), _val(chain.v), _val(chain.mm2)
     elem = s.element_size()
-    n = s.numel()
-    flops = 2.0 * n * (qv.shape[-1] + vv.shape[-1])
-    io = sum(t.numel() * t.element_size() for t in (qv, _val(chain.kt), vv, o))
-    mask_bytes = sum(_val(m).numel() * _val(m).element_size() for _, m in chain.masks)
+    n = _hint(s.numel())
+    flops = 2.0 * n * (_hint(qv.shape[-1]) + _hint(vv.shape[-1]))
+    io = sum(_hint(t.numel()) * t.element_size() for t in (qv, _val(chain.kt), vv, o))
+    mask_bytes = sum(_hint(_val(m).numel()) * _val(m).element_size() for _, m in chain.masks)
     passes = len(chain.nodes) - 2  # pointwise ops between the two GEMMs
     unfused_bytes = io + mask_bytes + n * elem * (2 + 2 * passes)
     flash_bytes = io + mask_bytes
