@@ -70,6 +70,13 @@ def _bert_model(seq):
 def run(threads: int, rounds: int, repeats: int, train: bool) -> list[list[str]]:
     torch.set_num_threads(threads)
     cases = _cases(8, 4, 128, 64)
+    from pypto_inductor import models
+
+    torch.manual_seed(0)
+    block = models.TransformerBlock(256, 4, 1024).eval()  # the suite's transformer_block
+    llama = models.LlamaBlock(256, 4, 688).eval()  # and llama_block
+    cases.append(("models.TransformerBlock 4x128x256", block, (torch.randn(4, 128, 256),)))
+    cases.append(("models.LlamaBlock 4x128x256", llama, (torch.randn(4, 128, 256),)))
     try:
         model, inputs = _bert_model(128)
         cases.append(("BertModel eager attention, 8x128", lambda *a: model(*a)[0], inputs))

@@ -34,6 +34,10 @@ def _cases(tokens=512, hidden=256, ffn=1024, dtype=torch.float32):
          lambda x, w, b: F.silu(F.linear(x, w, b)), (x, w1, b1)),
         (f"linear+bias+residual {tokens}x{ffn}@{ffn}x{hidden}{tag}",
          lambda h, w, b, res: F.linear(h, w, b) + res, (h, w2, b2, res)),
+        # a short reduction (K=64): the epilogue's pass is a larger share of the time
+        (f"linear+bias+gelu {tokens * 4}x64@64x{ffn}{tag}",
+         lambda x, w, b: F.gelu(F.linear(x, w, b)),
+         (r(tokens * 4, 64), r(ffn, 64) * 0.125, b1)),
     ]
 
 

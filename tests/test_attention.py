@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pypto_inductor.ir import ExternOp, op_name
 from pypto_inductor.report import FusionReport, collect
 
 B, H, KV, L, E = 2, 4, 2, 16, 8
@@ -248,3 +249,23 @@ def test_dynamic_sizes():
     reports = list(reports)
     assert len(reports) == 1
     assert [x["fused"] for x in _decisions(reports)[0]] == [True]
+
+
+def test_causal_tril_mask_becomes_is_causal():
+    # ones(n, n, bool).tril() built in the graph: SDPA's is_causal (no mask read at all),
+    # as models.TransformerBlock writes it
+    from pypto_inductor import models
+
+    torch.manual_seed(0)
+    block = models.TransformerBlock(32, 4, 64).eval()
+    x = torch.randn(2, 12, 32)
+    torch._dynamo.reset()
+    with torch.no_grad(), collect() as reports:
+        out = torch.compile(block, backend="pypto")(x)
+    torch.testing.assert_close(out, block(x), **_tol(torch.float32))
+    graph = list(reports)[0].plan.graph
+    sdpa = [n for n in graph.nodes if isinstance(n, ExternOp) and op_name(n.fn) == SDPA]
+    assert len(sdpa) == 1, [str(n) for n in graph.nodes]
+    args, kwargs = sdpa[0].args, sdpa[0].kwargs
+    assert kwargs.get("is_causal", args[4] if len(args) > 4 else False) is True
+    assert kwargs.get("attn_mask") is None

@@ -17,8 +17,9 @@ A chain is rewritten only when the result is the same computation:
 - then multiplications or divisions by Python numbers only (the scale; none is scale 1:
   T5), then additive float masks or biases (added in order, as one mask) and
   ``masked_fill(m, -inf)`` / ``where(m, scores, -inf)`` boolean masks (causal, padding,
-  sliding window: any mask is just a mask), in this order (a scale after a mask is
-  not SDPA's form);
+  sliding window: any mask is just a mask; ``ones(n, n, dtype=bool).tril()`` built in
+  the graph is SDPA's ``is_causal``), in this order (a scale after a mask is not
+  SDPA's form);
 - ``softmax`` over the last dim (optionally computed in float32 and cast back), dropout
   that does nothing (p == 0 or not training), then ``probs @ v``;
 - every intermediate (scores, probabilities, ...) read by the next op only: where the
@@ -318,8 +319,44 @@ def _predicted_us(chain: _Chain, hw) -> tuple[float, float]:
     return flash, unfused
 
 
+def _is_causal_tril(node) -> bool:
+    """Whether ``node`` is ``ones(n, n, dtype=bool).tril()`` built in the graph: SDPA's
+    is_causal mask for n queries and n keys (the flash kernel then skips the blocks above
+    the diagonal instead of reading a mask)."""
+    if not (_is(node, {torch.tril}, ("tril",)) and len(node.args) == 1 and not node.kwargs):
+        return False
+    ones = node.args[0]
+    if not (_is(ones, {torch.ones}) and set(ones.kwargs) <= {"dtype", "device"}
+            and ones.kwargs.get("dtype") is torch.bool):
+        return False
+    v = _val(node)
+    return isinstance(v, torch.Tensor) and v.dim() == 2 and _same(v.shape[0], v.shape[1])
+
+
+def _causal(chain: _Chain) -> bool:
+    """Whether the chain's only mask is the causal one over square scores."""
+    if len(chain.masks) != 1:
+        return False
+    kind, m = chain.masks[0]
+    if kind == "drop":
+        if not (_is(m, {operator.invert, torch.logical_not}, ("logical_not", "__invert__"))
+                and len(m.args) == 1):
+            return False
+        m = m.args[0]
+    elif kind != "keep":
+        return False
+    s = _val(chain.mm1)
+    return _is_causal_tril(m) and _same(_val(m).shape[0], s.shape[-1]) \
+        and _same(s.shape[-2], s.shape[-1])
+
+
 def _rewrite(gm: fx.GraphModule, chain: _Chain) -> None:
     g = gm.graph
+    causal = _causal(chain)
+    dead = []
+    if causal:  # the mask's own ops (ones, tril, ~) go when nothing else reads them
+        dead = [chain.masks[0][1]]
+        chain.masks = []
     with g.inserting_before(chain.mm2):
         k = g.call_method("transpose", (chain.kt, -2, -1))
         mask = None
@@ -340,12 +377,18 @@ def _rewrite(gm: fx.GraphModule, chain: _Chain) -> None:
                 term = g.call_method("to", (term, dt))
                 mask = term if mask is None else g.call_function(operator.add, (mask, term))
         sdpa = g.call_function(F.scaled_dot_product_attention, (chain.q, k, chain.v),
-                               {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False,
+                               {"attn_mask": mask, "dropout_p": 0.0, "is_causal": causal,
                                 "scale": float(chain.scale)})
     sdpa.meta["example_value"] = _val(chain.mm2)
     chain.mm2.replace_all_uses_with(sdpa)
     for node in reversed(chain.nodes):
         g.erase_node(node)
+    while dead:
+        node = dead.pop()
+        if not node.users and (_is(node, {operator.invert, torch.logical_not, torch.ones,
+                                          torch.tril}, ("tril", "logical_not", "__invert__"))):
+            dead += [a for a in node.args if isinstance(a, fx.Node)]
+            g.erase_node(node)
 
 
 def rewrite_attention(gm: fx.GraphModule, hw) -> list[AttentionDecision]:
