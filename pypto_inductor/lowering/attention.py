@@ -55,13 +55,23 @@ _MAX_CHAIN = 32  # ops searched either side of a softmax
 
 @dataclasses.dataclass
 class AttentionDecision:
-    """One attention chain: rewritten into an SDPA call (``fused``) or not, and why."""
+    """One attention chain: rewritten into an SDPA call (``fused``) or not, and why, with
+    the roofline estimate of both forms (the ROI model's terms: the backend reports it as
+    a fusion decision)."""
     first: str  # the q @ k^T node
     last: str  # the probs @ v node (or where the match stopped)
     fused: bool
     reason: str
     flash_us: float | None = None
     unfused_us: float | None = None
+    common_us: float = 0.0  # the two GEMMs' compute, the same in both forms
+    bandwidth_saving_pct: float = 0.0
+    launch_overhead_reduction_pct: float = 0.0
+
+    @property
+    def roi_score(self) -> float:
+        fused = self.flash_us - self.common_us
+        return (self.unfused_us - self.common_us) / fused if fused > 0 else 1.0
 
 
 class _NoMatch(Exception):
@@ -298,11 +308,11 @@ def _is_scores_side(node: fx.Node) -> bool:
     return False
 
 
-def _predicted_us(chain: _Chain, hw) -> tuple[float, float]:
-    """(flash, unfused) predicted times: a roofline over the bytes each form moves. The
-    unfused form writes the score matrix and reads it back once per op of the chain;
-    the flash kernel keeps it in cache blocks and moves q, k, v, the output and the
-    masks once. The flops are the same two GEMMs."""
+def _estimate(chain: _Chain, hw) -> dict:
+    """The roofline of both forms over the bytes each moves: the unfused form writes the
+    score matrix and reads it back once per op of the chain; the flash kernel keeps it in
+    cache blocks and moves q, k, v, the output and the masks once. The flops (the two
+    GEMMs) are the same: ``common_us``."""
     s = _val(chain.mm1)
     qv, vv, o = _val(chain.q), _val(chain.v), _val(chain.mm2)
     elem = s.element_size()
@@ -314,9 +324,12 @@ def _predicted_us(chain: _Chain, hw) -> tuple[float, float]:
     unfused_bytes = io + mask_bytes + n * elem * (2 + 2 * passes)
     flash_bytes = io + mask_bytes
     bw, peak, launch = hw.gm_bandwidth_bytes_per_s, hw.cube_flops_per_s, hw.launch_us
-    unfused = (unfused_bytes / bw + flops / peak) * 1e6 + launch * (passes + 2)
-    flash = (flash_bytes / bw + flops / peak) * 1e6 + launch
-    return flash, unfused
+    common = flops / peak * 1e6
+    return dict(flash_us=flash_bytes / bw * 1e6 + common + launch,
+                unfused_us=unfused_bytes / bw * 1e6 + common + launch * (passes + 2),
+                common_us=common,
+                bandwidth_saving_pct=100.0 * (1 - flash_bytes / unfused_bytes),
+                launch_overhead_reduction_pct=100.0 * (1 - 1 / (passes + 2)))
 
 
 def _is_causal_tril(node) -> bool:
@@ -391,10 +404,11 @@ def _rewrite(gm: fx.GraphModule, chain: _Chain) -> None:
             g.erase_node(node)
 
 
-def rewrite_attention(gm: fx.GraphModule, hw) -> list[AttentionDecision]:
+def rewrite_attention(gm: fx.GraphModule, hw, threshold: float) -> list[AttentionDecision]:
     """Rewrite every attention chain of the Dynamo graph ``gm`` that is SDPA's computation
-    into one SDPA call, where the cost model predicts it is faster; returns a decision
-    per softmax that looked like attention."""
+    into one SDPA call where the ROI model's score of the rewrite (unfused over flash time,
+    the GEMMs' common compute aside) clears ``threshold``, as every fusion must; returns a
+    decision per softmax that looked like attention."""
     decisions = []
     for node in list(gm.graph.nodes):
         if node.graph is not gm.graph or not _is(node, _SOFTMAX, ("softmax",)):
@@ -405,20 +419,20 @@ def rewrite_attention(gm: fx.GraphModule, hw) -> list[AttentionDecision]:
             decisions.append(AttentionDecision(node.name, node.name, False,
                                                f"attention left unfused: {e}"))
             continue
-        flash, unfused = _predicted_us(chain, hw)
-        first, last = chain.mm1.name, chain.mm2.name
-        kernels = len(chain.nodes)
-        if flash <= unfused:
+        d = AttentionDecision(chain.mm1.name, chain.mm2.name, False, "",
+                              **_estimate(chain, hw))
+        d.fused = d.roi_score >= threshold
+        if d.fused:
             _rewrite(gm, chain)
-            reason = (f"attention -> one scaled_dot_product_attention call (ATen's CPU "
-                      f"flash kernel): predicted {flash:.1f} us against {unfused:.1f} us "
-                      f"for the {kernels} ops unfused, which move the score matrix through "
-                      "memory once per op")
+            d.reason = (f"attention -> one scaled_dot_product_attention call (ATen's CPU "
+                        f"flash kernel): predicted {d.flash_us:.1f} us against "
+                        f"{d.unfused_us:.1f} us for its {len(chain.nodes)} ops unfused, "
+                        "which move the score matrix through memory once per op")
         else:
-            reason = (f"attention left unfused: predicted {unfused:.1f} us unfused against "
-                      f"{flash:.1f} us for ATen's flash kernel")
-        decisions.append(AttentionDecision(first, last, flash <= unfused, reason,
-                                           round(flash, 2), round(unfused, 2)))
+            d.reason = (f"attention left unfused: ROI {d.roi_score:.2f} below {threshold} "
+                        f"(predicted {d.unfused_us:.1f} us unfused, {d.flash_us:.1f} us for "
+                        "ATen's flash kernel)")
+        decisions.append(d)
     if any(d.fused for d in decisions):
         gm.graph.lint()
         gm.recompile()
