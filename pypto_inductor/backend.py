@@ -20,8 +20,10 @@ from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, parse_options
 from .fusion import plan_fusion
+from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
+from .lowering.attention import rewrite_attention
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
@@ -34,8 +36,10 @@ class UnsupportedOpsError(RuntimeError):
     """fallback='error' and the graph has ops that would run eagerly."""
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str):
-    """Lower, plan and compile one ATen graph; returns the boxed callable."""
+def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
+                  attention: list | None = None):
+    """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
+    the attention decisions made on the Dynamo graph, reported with the first graph."""
     name = f"g{next(_graph_ids)}_{kind}"
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
@@ -58,11 +62,22 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str)
                 + "; ".join(eager)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
     plan = plan_fusion(graph, hw, config)
+    if attention:
+        plan.decisions[:0] = [_attention_decision(d) for d in attention]
+        attention.clear()
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
     publish(GraphReport(name, plan, compiled), config, hw)
     return make_boxed_func(compiled)
+
+
+def _attention_decision(d) -> Decision:
+    """An attention decision (lowering/attention.py) as the fusion report's Decision."""
+    roi = None if d.flash_us is None else RoiEstimate(
+        d.unfused_us, d.flash_us, d.bandwidth_saving_pct, d.launch_overhead_reduction_pct,
+        0.0, d.common_us)
+    return Decision(d.first, d.last, d.fused, d.reason, roi)
 
 
 def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
@@ -78,11 +93,15 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     """The Dynamo backend registered as "pypto"."""
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
+    attention = []
+    if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
+        hw = hardware_model(config.hardware_name, config.capacity_bytes)
+        attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
     with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
         return aot_autograd(
-            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward"),
+            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention),
             bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
-            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference"),
+            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference", attention),
             decompositions=decomposition_table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)

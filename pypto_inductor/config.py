@@ -45,6 +45,7 @@ class Config:
     capacity_bytes: int | None = None  # overrides the hardware model's on-chip capacity
     roi_threshold: float | None = None  # None: the hardware model's default_roi_threshold
     fusion: bool = True
+    fuse_attention: bool = True  # attention chains -> one SDPA call (lowering/attention.py)
     dtype_policy: str = "upcast"
     fallback_ops: tuple[str, ...] = ()
     fallback: str = "eager"
@@ -153,7 +154,7 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value
-        elif key in ("fusion", "profile", "simulate", "keep_buffers"):
+        elif key in ("fusion", "fuse_attention", "profile", "simulate", "keep_buffers"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

@@ -614,7 +614,9 @@ def test_matmul_linear_gelu(dtype, built, tol):
     check(lambda x: F.gelu(lin(x)), rand(4, 10, 64, dtype=dtype), built=built,
           **tol(dtype))
     tiles = _matmul_tiles(built)
-    assert all(k.native and k.program is not None for _, k in tiles)
+    # the GELU is the GEMM's oneDNN post-op where torch has oneDNN (no program of ours:
+    # tests/test_gemm_epilogue.py), else a native pass
+    assert all(k.native for _, k in tiles)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

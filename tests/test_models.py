@@ -20,9 +20,13 @@ def _zoo(name: str, dtype: torch.dtype, seed: int = 0):
 
 # --- the built-in model zoo --------------------------------------------------------------
 # Ops of a zoo model known to run eagerly (no tile lowering yet), by model.
+_SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 KNOWN_EAGER = {
-    # The causal mask's torch.ones(s, s).tril() decomposes into arange + compare.
-    "transformer": {"aten.arange.start_step"},
+    # The causal mask's torch.ones(s, s).tril() decomposes into arange + compare (when the
+    # attention is not rewritten), and the attention chain is one ATen SDPA call
+    # (lowering/attention.py).
+    "transformer": {"aten.arange.start_step", _SDPA},
+    "llama": {_SDPA},
 }
 
 

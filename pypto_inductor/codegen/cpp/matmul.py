@@ -8,6 +8,12 @@ scale, ...) becomes one C++ pointwise kernel built with the ordinary pointwise
 machinery (:func:`.analysis.analyse`), with the GEMM result as its first input. A tile
 with no other epilogue op makes no native kernel.
 
+A Linear whose epilogue is one activation (GELU, SiLU, ReLU, sigmoid, tanh) or one
+residual add runs as one oneDNN call with that post-op (``mkldnn._linear_pointwise``,
+where torch has oneDNN): the activation is applied while each block of the result is
+still in cache, so the epilogue costs no pass over memory and no kernel of ours
+(:func:`onednn_post_op`).
+
 Reshapes (``view``) inside the epilogue are resolved before analysis: every
 epilogue op has the matmul's element count (planner legality), so all of them
 are rewritten onto one domain ``T`` (the last op's shape). Contiguous values
@@ -33,6 +39,66 @@ from . import alloc
 from .program import NotNative
 
 MM = "pi_mm"  # the epilogue program's name for the matmul result
+
+# oneDNN post-ops for a Linear's one-op epilogue: tile op -> (attr, algorithm); gelu by
+# its approximate attribute. False: every epilogue is a native pass (benchmarks compare).
+ONEDNN_POST_OPS = True
+_UNARY_POST_OPS = {"relu": ("relu", ""), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
+                   "silu": ("swish", "")}
+
+
+@dataclasses.dataclass(frozen=True)
+class OneDnnLinear:
+    """A Linear with its epilogue as a oneDNN post-op: ``attr`` is a unary post-op
+    ("gelu", "swish", ...) or "add" with ``other`` the residual's tile input."""
+    attr: str
+    algorithm: str = ""
+    other: str | None = None
+
+
+def _onednn_linear_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_post_op(mm, bias, new_ops, getters, graph: TileGraph) -> OneDnnLinear | None:
+    """The oneDNN form of a Linear tile, or None. It takes ``x @ w.t() (+ bias)`` with x
+    row-major 2-D, w.t() a transposed row-major weight, a 1-D bias, fp32 or bf16, and an
+    epilogue of exactly one op reading the product: a unary activation oneDNN computes
+    as eager does (GELU erf/tanh, SiLU, ReLU, sigmoid, tanh), or an add of a row-major
+    residual of the output's shape. The tile's only output is that op's result."""
+    if not ONEDNN_POST_OPS or len(new_ops) != 1 or not _onednn_linear_available():
+        return None
+    op = new_ops[0]
+    a, b = (graph.specs[x] for x in mm.args)
+    out = mm.out
+    if out.dtype not in (torch.float32, torch.bfloat16) or len(out.shape) != 2 \
+            or a.dtype != out.dtype or b.dtype != out.dtype or op.out.dtype != out.dtype:
+        return None
+    T = tuple(op.out.shape)  # the product's shape, or a view of it with the same rows
+    if tuple(a.stride) != tuple(_contiguous(a.shape)) or not _same(b.stride[0], 1) \
+            or not _same(b.stride[1], b.shape[0]) or not _same(_numel(T), out.numel) \
+            or not _same(T[-1], out.shape[-1]):
+        return None  # oneDNN's linear takes x row-major and the weight as w.t()
+    if bias is not None:
+        bs = graph.specs[bias]
+        if len(bs.shape) != 1 or not _same(bs.stride[0], 1):
+            return None
+    if [g[0] for g in getters] != ["epi"]:
+        return None  # the bare product is an output too
+    if op.op == "gelu" and op.args == (MM,) and op.attrs.get("approximate", "none") in (
+            "none", "tanh"):
+        return OneDnnLinear("gelu", op.attrs.get("approximate", "none"))
+    if op.op in _UNARY_POST_OPS and op.args == (MM,) and not op.attrs:
+        attr, algorithm = _UNARY_POST_OPS[op.op]
+        return OneDnnLinear(attr, algorithm)
+    if op.op == "add" and not op.attrs and len(op.args) == 2 and MM in op.args:
+        other = op.args[1] if op.args[0] == MM else op.args[0]
+        if isinstance(other, str) and other != MM and other in graph.specs:
+            os_ = graph.specs[other]
+            if os_.dtype == out.dtype and _same_shape(os_.shape, T) \
+                    and tuple(os_.stride) == tuple(_contiguous(T)):
+                return OneDnnLinear("add", other=other)
+    return None
 
 
 def plan(tile: FusionTile, graph: TileGraph):
@@ -135,6 +201,9 @@ def plan(tile: FusionTile, graph: TileGraph):
             raise NotNative(f"tile output {o} is not computed by the epilogue")
     if not new_ops:
         return mm, bias, None, None, [], getters
+    linear = onednn_post_op(mm, bias, new_ops, getters, graph)
+    if linear is not None:  # one oneDNN call: no epilogue kernel
+        return mm, bias, None, None, linear, getters
     used = []
     for op in new_ops:
         for a in op.args:
@@ -155,6 +224,8 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
     symbols = graph.symbols
     slot = {name: i for i, name in enumerate(tile.inputs)}
     ia, ib = slot[mm.args[0]], slot[mm.args[1]]
+    if isinstance(srcs, OneDnnLinear):
+        return onednn_kernel(tile, graph, mm, bias, srcs, getters)
     if bias is None:
         def product(inputs):
             return torch.matmul(inputs[ia], inputs[ib])
@@ -218,3 +289,36 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
 
     # takes the runtime's allocator for the epilogue's outputs
     return Kernel(kernel, native=True, takes_allocator=True, program=epi.program)
+
+
+def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kernel:
+    """The kernel of a Linear whose epilogue is a oneDNN post-op (:func:`onednn_post_op`)."""
+    slot = {name: i for i, name in enumerate(tile.inputs)}
+    ix, iw = slot[mm.args[0]], slot[mm.args[1]]
+    ib = slot[bias] if bias is not None else None
+    shape = getters[0][2]
+    reshape = None if shape is None or _same_shape(shape, mm.out.shape) \
+        else size_function(tuple(shape), graph.symbols)
+    lp = torch.ops.mkldnn._linear_pointwise
+    if linear.other is None:
+        attr, algorithm = linear.attr, linear.algorithm
+
+        def product(inputs, syms):
+            return lp(inputs[ix], inputs[iw].t(), None if ib is None else inputs[ib],
+                      attr, [], algorithm)
+    else:
+        binary, io = lp.binary, slot[linear.other]
+        rows = size_function(tuple(mm.out.shape), graph.symbols)
+
+        def product(inputs, syms):  # the residual (row-major) seen as the product's rows
+            return binary(inputs[ix], inputs[io].view(rows(syms)), inputs[iw].t(),
+                          None if ib is None else inputs[ib], "add")
+
+    if reshape is None:
+        def kernel(inputs: list, syms: tuple) -> list:
+            return [product(inputs, syms)]
+    else:
+        def kernel(inputs: list, syms: tuple) -> list:
+            return [product(inputs, syms).reshape(reshape(syms))]
+
+    return Kernel(kernel, native=True)

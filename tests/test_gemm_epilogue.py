@@ -1,0 +1,147 @@
+"""Linear epilogues through the GEMM call: bias by addmm, one activation or a residual add
+as a oneDNN post-op (codegen/cpp/matmul.py). Compared with eager on fresh random inputs;
+the tests also check which form each tile took."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pypto_inductor.codegen.cpp import matmul
+
+needs_onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasattr(
+    torch.ops.mkldnn, "_linear_pointwise")), reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch):
+    """The OneDnnLinear forms of the tiles built while the test runs."""
+    calls = []
+    build = matmul.onednn_kernel
+
+    def spy(tile, graph, mm, bias, linear, getters):
+        calls.append(linear)
+        return build(tile, graph, mm, bias, linear, getters)
+
+    monkeypatch.setattr(matmul, "onednn_kernel", spy)
+    return calls
+
+
+EPILOGUES = {
+    "gelu": (lambda y: F.gelu(y), "gelu"),
+    "gelu_tanh": (lambda y: F.gelu(y, approximate="tanh"), "gelu"),
+    "silu": (F.silu, "swish"),
+    "relu": (F.relu, "relu"),
+    "sigmoid": (torch.sigmoid, "sigmoid"),
+    "tanh": (torch.tanh, "tanh"),
+}
+
+
+def _tol(dtype):
+    return {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def _rand(*shape, dtype=torch.float32, g=None):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [(96,), (3, 40)], ids=["2d", "3d"])
+@pytest.mark.parametrize("epilogue", sorted(EPILOGUES))
+def test_linear_activation_is_one_onednn_call(epilogue, rows, dtype, onednn_calls):
+    act, attr = EPILOGUES[epilogue]
+    g = torch.Generator().manual_seed(len(epilogue) + len(rows))
+    x, w, b = _rand(*rows, 48, dtype=dtype, g=g), _rand(80, 48, dtype=dtype, g=g), \
+        _rand(80, dtype=dtype, g=g)
+
+    def fn(x, w, b):
+        return act(F.linear(x, w, b))
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="pypto")(x, w, b)
+    torch.testing.assert_close(out, fn(x, w, b), **_tol(dtype))
+    assert [c.attr for c in onednn_calls] == [attr]
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_linear_residual_add_is_one_onednn_call(dtype, onednn_calls):
+    g = torch.Generator().manual_seed(3)
+    h, w, b, res = (_rand(4, 24, 64, dtype=dtype, g=g), _rand(32, 64, dtype=dtype, g=g),
+                    _rand(32, dtype=dtype, g=g), _rand(4, 24, 32, dtype=dtype, g=g))
+
+    def fn(h, w, b, res):
+        return res + F.linear(h, w, b)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="pypto")(h, w, b, res)
+    torch.testing.assert_close(out, fn(h, w, b, res), **_tol(dtype))
+    assert [c.attr for c in onednn_calls] == ["add"]
+
+
+def product_is_output(x, w, b):  # the pre-activation is returned too: BLAS + native pass
+    y = F.linear(x, w, b)
+    return y, F.gelu(y)
+
+
+def two_ops(x, w, b):  # two epilogue ops: one native pass after addmm
+    return F.gelu(F.linear(x, w, b)) * 2
+
+
+def no_bias_scaled(x, w, b):
+    return F.relu(x @ w.t() * 0.5)
+
+
+def transposed_input(x, w, b):  # x is not row-major
+    return F.gelu(F.linear(x.t(), w, b))
+
+
+@needs_onednn
+@pytest.mark.parametrize("fn", [product_is_output, two_ops, no_bias_scaled, transposed_input],
+                         ids=lambda f: f.__name__)
+def test_other_epilogues_stay_native(fn, onednn_calls):
+    g = torch.Generator().manual_seed(5)
+    x, w, b = _rand(64, 48, g=g), _rand(80, 48, g=g), _rand(80, g=g)
+    if fn is transposed_input:
+        x = _rand(48, 64, g=g)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(fn, backend="pypto")(x, w, b)
+    torch.testing.assert_close(out, fn(x, w, b))
+    assert onednn_calls == []
+
+
+@pytest.mark.parametrize("epilogue", ["gelu", "silu"])
+def test_linear_activation_training(epilogue):
+    # training saves the pre-activation for the backward: forward and gradients match
+    act = EPILOGUES[epilogue][0]
+    g = torch.Generator().manual_seed(9)
+    inputs = [_rand(2, 16, 32, g=g), _rand(40, 32, g=g), _rand(40, g=g)]
+
+    def fn(x, w, b):
+        return act(F.linear(x, w, b))
+
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        args = [t.clone().requires_grad_() for t in inputs]
+        out = (torch.compile(fn, backend="pypto") if compiled else fn)(*args)
+        out.backward(torch.ones_like(out))
+        results.append((out, [a.grad for a in args]))
+    (eo, eg), (co, cg) = results
+    torch.testing.assert_close(co, eo)
+    for c, e in zip(cg, eg):
+        torch.testing.assert_close(c, e)
+
+
+def test_onednn_switch_off_keeps_native_epilogue(monkeypatch, onednn_calls):
+    monkeypatch.setattr(matmul, "ONEDNN_POST_OPS", False)
+    x, w, b = torch.randn(64, 48), torch.randn(80, 48), torch.randn(80)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), backend="pypto")(x, w, b)
+    torch.testing.assert_close(out, F.gelu(F.linear(x, w, b)))
+    assert onednn_calls == []
