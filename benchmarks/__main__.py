@@ -12,6 +12,8 @@ the geometric mean of Inductor time / pypto time over all cases. A last table
 times training steps (forward + backward) of the two blocks (``training.py``).
 
 ``--markdown PATH`` also writes the table (with date, machine and command).
+``python -m benchmarks zoo [--models ..] [--modes ..] [--threads ..]`` runs the
+transformers zoo instead (forward, decode step, training step: ``zoo.py``).
 """
 from __future__ import annotations
 
@@ -171,6 +173,11 @@ def machine() -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["zoo"], ["--zoo"]):  # the transformers zoo (long: benchmarks/zoo.py)
+        from . import zoo
+
+        return zoo.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--scale", choices=["small", "full"], default="small")
     parser.add_argument("--repeats", type=int, default=20)
@@ -265,7 +272,7 @@ def main(argv=None) -> int:
         for r in train_rows:
             print(" | ".join(r), flush=True)
     if args.markdown:
-        command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m benchmarks " + " ".join(argv)
         lines = [
             "# Benchmarks: eager vs Inductor vs pypto (cpu target)", "",
             f"{title}.", "",
