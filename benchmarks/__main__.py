@@ -13,7 +13,8 @@ times training steps (forward + backward) of the two blocks (``training.py``).
 
 ``--markdown PATH`` also writes the table (with date, machine and command).
 ``python -m benchmarks zoo [--models ..] [--modes ..] [--threads ..]`` runs the
-transformers zoo instead (forward, decode step, training step: ``zoo.py``).
+transformers zoo instead (forward, decode step, training step: ``zoo.py``);
+``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``).
 """
 from __future__ import annotations
 
@@ -178,6 +179,10 @@ def main(argv=None) -> int:
         from . import zoo
 
         return zoo.main(argv[1:])
+    if argv[:1] == ["overhead"]:  # per-call and per-kernel overhead (benchmarks/overhead.py)
+        from . import overhead
+
+        return overhead.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--scale", choices=["small", "full"], default="small")
     parser.add_argument("--repeats", type=int, default=20)

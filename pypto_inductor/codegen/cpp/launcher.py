@@ -10,6 +10,8 @@ the runtime's buffer pool) and calls the kernel once, through the extension
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+from typing import Callable
 
 import torch
 
@@ -107,5 +109,48 @@ def native_kernel(fn, program: Program) -> Kernel:
     # our own template, no user text
     exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks)),  # noqa: S102
          scope)
+    launch = None
+    if call is not None and not program.writes and not checks:
+        launch = Launch(layouts, layout, call, scope["address"], tuple(dtypes), alloc.empty,
+                        tuple(tuple(spec.shape) for _, spec in program.outputs))
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
-    return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program)
+    return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program,
+                  launch=launch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """The pieces of a kernel's wrapper, for the graph's generated code to call the kernel
+    inline (wrapper.py): the same statements as :func:`wrapper_source` writes for the
+    extension, without the wrapper's frame, its input list and its result list."""
+
+    layouts: dict  # (syms, input strides...) -> (meta address, syms address, out shapes...)
+    layout: Callable  # layout(inputs, syms): makes and caches the entry on a miss
+    call: Callable  # native_call's extension function
+    address: int  # the compiled function's address
+    dtypes: tuple  # the outputs' dtypes
+    empty: Callable  # the allocator when the runtime's pool does not serve the outputs
+    shapes: tuple  # the outputs' shapes (sizes, sympy where symbolic)
+
+    def source(self, k: str, ins: list[str], outs: list[str], empty: str,
+               reuse: dict[int, str] | None = None) -> list[str]:
+        """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
+        and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
+        ``reuse``: output index -> a dead buffer of its shape and dtype to write into."""
+        reuse = reuse or {}
+        key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
+        tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
+        return [f"    meta = {k}_layouts.get(({key},))",
+                "    if meta is None:",
+                f"        meta = {k}_layout([{', '.join(ins)}], syms)",
+                *(f"    {o} = {reuse[j]}" if j in reuse else
+                  f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
+                f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
+                "meta[0], meta[1], threads())",
+                *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
+                  if "_" in outs else [])]
+
+    def bindings(self, k: str) -> dict:
+        return {f"{k}_layouts": self.layouts, f"{k}_layout": self.layout,
+                f"{k}_address": self.address,
+                **{f"{k}_dt{j}": dt for j, dt in enumerate(self.dtypes)}}
