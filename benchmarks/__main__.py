@@ -164,7 +164,7 @@ def _memory_bound_tiles(name, fn, inputs, target: str, repeats: int) -> list[dic
     return rows
 
 
-def _md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *("| " + " | ".join(r) + " |" for r in rows)]
 
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
             "the same directories after `torch._dynamo.reset()` and in-process caches "
             "cleared (Inductor's `clear_caches()`, pypto's loaded-library table). The host "
             "calibration (once per machine) ran before timing.", "",
-            *_md_table(cols, rows), "",
+            *md_table(cols, rows), "",
             f"Geometric mean speedup of pypto over Inductor (Inductor time / pypto time): "
             f"**{geo:.2f}** over {len(ratios)} cases.", "",
             "## Memory-bound FusionTiles", "",
@@ -307,14 +307,14 @@ def main(argv=None) -> int:
             "mean of the copy bandwidth measured just before and just after that case's "
             "profiled calls (the same measurement as above; it drifts by a third within a "
             "run on this shared machine).", "",
-            *_md_table(tile_cols, tile_table), "",
+            *md_table(tile_cols, tile_table), "",
             "## Training steps", "",
             "One step of each block: `zero_grad`, `model(x).square().mean().backward()`, "
             "eager, Inductor and pypto each on its own copy of the model, every gradient "
             "checked against eager's, then timed as above. These are not in the geometric "
             "mean (it covers the inference suite). `reference tiles` counts pypto's "
             "FusionTiles (forward and backward graphs) that do not run natively.", "",
-            *_md_table(training.COLUMNS, train_rows), "",
+            *md_table(training.COLUMNS, train_rows), "",
         ]
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))

@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     total = time.perf_counter() - start_all
     print(f"# total {total / 60:.1f} min")
     if args.markdown:
-        from .__main__ import _md_table
+        from .__main__ import md_table
 
         command = "python -m benchmarks zoo " + " ".join(sys.argv[2:] if argv is None else argv)
         with open(args.markdown, "a") as f:
@@ -282,5 +282,5 @@ def main(argv=None) -> int:
                 "", f"## Transformers zoo ({title})", "",
                 f"Command: `{command}` ({total / 60:.0f} min). " + __doc__.split("\n\n", 1)[1]
                 .replace("\n", " ").strip(), "",
-                *_md_table(scols, summary), "", *_md_table(COLUMNS, rows), ""]))
+                *md_table(scols, summary), "", *md_table(COLUMNS, rows), ""]))
     return 0

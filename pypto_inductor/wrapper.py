@@ -23,7 +23,7 @@ import sympy
 import torch
 
 from .ir import ValueRef
-from .sizes import _source, _to_python, is_symbolic
+from .sizes import is_symbolic, resolve_static, size_source
 
 # view tile ops written inline as tensor methods: op -> (method, attribute order)
 _INLINE_VIEWS = {
@@ -55,7 +55,7 @@ class GraphCode:
         return name
 
     def size(self, expr) -> str:
-        return _source(sympy.sympify(expr).xreplace(self.rename))
+        return size_source(sympy.sympify(expr).xreplace(self.rename))
 
     def literal(self, x, names: dict[int, str], slot) -> str:
         """Python source for an extern op's argument (ValueRefs become variables)."""
@@ -63,7 +63,7 @@ class GraphCode:
             return names[slot[x.name]]
         if is_symbolic(x):
             return self.size(x)
-        x = _to_python(x) if isinstance(x, sympy.Basic) else x
+        x = resolve_static(x) if isinstance(x, sympy.Basic) else x
         if type(x) is tuple or isinstance(x, list):  # list subclasses (fx's) as lists
             inner = "".join(f"{self.literal(v, names, slot)}, " for v in x)
             return f"({inner})" if type(x) is tuple else f"[{inner}]"

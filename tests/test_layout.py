@@ -29,7 +29,7 @@ LAYERS = [
     {"ir", "hardware", "sizes", "ops", "config"},
     {"lowering", "fusion"},
     {"codegen"},
-    {"runtime", "calibrate"},
+    {"runtime", "wrapper", "calibrate"},
     {"report"},
     {"api", "backend"},
     {"__init__", "__main__", "models", "zoo"},
