@@ -116,7 +116,9 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         out.append("    pool_start(syms)")
         code.bound["pool_empty"] = pool.empty
     static = _static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
+    known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
+    first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
         args = ", ".join(names[s] for s in ins)
         defs = [names[s] if s is not None else "_" for s in outs]
@@ -129,14 +131,18 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
                 code.bound.setdefault("native_call", launch.call)
-                code.bound.setdefault("threads", torch.get_num_threads)
                 empty = ("pool_empty" if name in pool_empty
                          else code.bind("alloc", launch.empty))
                 reuse = {}
                 for j, s in enumerate(outs):
                     if s in static and dead.get(static[s]):
                         reuse[j] = dead[static[s]].pop()
-                out += launch.source(k, [names[s] for s in ins], defs, empty, reuse)
+                if "threads" not in code.bound:  # the thread count, read once per call
+                    code.bound["threads"] = torch.get_num_threads
+                    out.insert(first_step, "    nthreads = threads()")
+                out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
+                                     [s in known for s in ins])
+                known.update(s for s in outs if s is not None)
                 if reuse:
                     out.append(f"    del {', '.join(reuse.values())}")
             else:
@@ -147,6 +153,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 out.append(f"    {t}.append((perf_counter() - start) * 1e6)")
         elif kind == "view":
             out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
+            if ins and ins[0] in known:
+                known.add(outs[0])
         else:
             out += _extern(code, step, fn, defs, args, names, slot)
         if free:  # first: a dead view still holds its base's storage

@@ -133,12 +133,17 @@ class Launch:
     shapes: tuple  # the outputs' shapes (sizes, sympy where symbolic)
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
-               reuse: dict[int, str] | None = None) -> list[str]:
+               reuse: dict[int, str] | None = None, known: list[bool] | None = None
+               ) -> list[str]:
         """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
         and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
-        ``reuse``: output index -> a dead buffer of its shape and dtype to write into."""
-        reuse = reuse or {}
-        key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
+        ``reuse``: output index -> a dead buffer of its shape and dtype to write into;
+        ``known``: per input, whether the size symbols alone fix its strides (a native
+        kernel's output, or a view of one): None stands for them in the layout key (the
+        wrapper's own keys never hold None, so the two never collide)."""
+        reuse, known = reuse or {}, known or [False] * len(ins)
+        key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
+                                   for i, kn in zip(ins, known))])
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
         return [f"    meta = {k}_layouts.get(({key},))",
                 "    if meta is None:",
@@ -146,7 +151,7 @@ class Launch:
                 *(f"    {o} = {reuse[j]}" if j in reuse else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
-                "meta[0], meta[1], threads())",
+                "meta[0], meta[1], nthreads)",
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
                   if "_" in outs else [])]
 
