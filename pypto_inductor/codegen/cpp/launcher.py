@@ -93,12 +93,12 @@ def native_kernel(fn, program: Program) -> Kernel:
     # input shapes are functions of the size symbols, so strides and syms identify them
     layouts: dict = {}
 
-    def layout(inputs: list, syms: tuple) -> tuple:
+    def layout(inputs: list, syms: tuple, key: tuple | None = None) -> tuple:
         arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
         entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
         if len(layouts) >= 256:
             layouts.pop(next(iter(layouts)))
-        layouts[(syms, *[t.stride() for t in inputs])] = entry
+        layouts[key or (syms, *[t.stride() for t in inputs])] = entry
         return entry
 
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
@@ -145,9 +145,10 @@ class Launch:
         key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
                                    for i, kn in zip(ins, known))])
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
-        return [f"    meta = {k}_layouts.get(({key},))",
+        return [f"    key = ({key},)",
+                f"    meta = {k}_layouts.get(key)",
                 "    if meta is None:",
-                f"        meta = {k}_layout([{', '.join(ins)}], syms)",
+                f"        meta = {k}_layout([{', '.join(ins)}], syms, key)",
                 *(f"    {o} = {reuse[j]}" if j in reuse else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
