@@ -5,7 +5,8 @@
 looks up the input layout's metadata (sizes, strides and size symbols as ctypes
 arrays, cached by the inputs' strides), allocates the outputs (:mod:`.alloc`, or
 the runtime's buffer pool) and calls the kernel once, through the extension
-(:mod:`.native_call`) or ctypes.
+(:mod:`.native_call`) or ctypes. Its :class:`Launch` hands the same pieces to the
+graph's generated code (``wrapper.py``), which calls the kernel inline.
 """
 from __future__ import annotations
 
