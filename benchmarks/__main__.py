@@ -12,6 +12,9 @@ the geometric mean of Inductor time / pypto time over all cases. A last table
 times training steps (forward + backward) of the two blocks (``training.py``).
 
 ``--markdown PATH`` also writes the table (with date, machine and command).
+``python -m benchmarks zoo [--models ..] [--modes ..] [--threads ..]`` runs the
+transformers zoo instead (forward, decode step, training step: ``zoo.py``);
+``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``).
 """
 from __future__ import annotations
 
@@ -161,7 +164,7 @@ def _memory_bound_tiles(name, fn, inputs, target: str, repeats: int) -> list[dic
     return rows
 
 
-def _md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *("| " + " | ".join(r) + " |" for r in rows)]
 
@@ -171,6 +174,15 @@ def machine() -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["zoo"], ["--zoo"]):  # the transformers zoo (long: benchmarks/zoo.py)
+        from . import zoo
+
+        return zoo.main(argv[1:])
+    if argv[:1] == ["overhead"]:  # per-call and per-kernel overhead (benchmarks/overhead.py)
+        from . import overhead
+
+        return overhead.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--scale", choices=["small", "full"], default="small")
     parser.add_argument("--repeats", type=int, default=20)
@@ -265,7 +277,7 @@ def main(argv=None) -> int:
         for r in train_rows:
             print(" | ".join(r), flush=True)
     if args.markdown:
-        command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python -m benchmarks " + " ".join(argv)
         lines = [
             "# Benchmarks: eager vs Inductor vs pypto (cpu target)", "",
             f"{title}.", "",
@@ -283,7 +295,7 @@ def main(argv=None) -> int:
             "the same directories after `torch._dynamo.reset()` and in-process caches "
             "cleared (Inductor's `clear_caches()`, pypto's loaded-library table). The host "
             "calibration (once per machine) ran before timing.", "",
-            *_md_table(cols, rows), "",
+            *md_table(cols, rows), "",
             f"Geometric mean speedup of pypto over Inductor (Inductor time / pypto time): "
             f"**{geo:.2f}** over {len(ratios)} cases.", "",
             "## Memory-bound FusionTiles", "",
@@ -295,14 +307,14 @@ def main(argv=None) -> int:
             "mean of the copy bandwidth measured just before and just after that case's "
             "profiled calls (the same measurement as above; it drifts by a third within a "
             "run on this shared machine).", "",
-            *_md_table(tile_cols, tile_table), "",
+            *md_table(tile_cols, tile_table), "",
             "## Training steps", "",
             "One step of each block: `zero_grad`, `model(x).square().mean().backward()`, "
             "eager, Inductor and pypto each on its own copy of the model, every gradient "
             "checked against eager's, then timed as above. These are not in the geometric "
             "mean (it covers the inference suite). `reference tiles` counts pypto's "
             "FusionTiles (forward and backward graphs) that do not run natively.", "",
-            *_md_table(training.COLUMNS, train_rows), "",
+            *md_table(training.COLUMNS, train_rows), "",
         ]
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines))

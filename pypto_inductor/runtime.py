@@ -1,9 +1,10 @@
 """CompiledGraph: the callable AOTAutograd gets back.
 
-It runs the plan's steps in order (one call per FusionTile kernel, views
-zero-copy, extern ATen ops eagerly), keeping values in a flat list of slots and
-dropping each intermediate after its last use. Sizes are read from the inputs
-and size expressions are precompiled Python, so no sympy runs per call.
+It builds the plan's steps (one kernel per FusionTile, views zero-copy, extern ATen
+ops eagerly), numbers the values in slots, plans when each intermediate dies (and
+when a dead kernel output goes back to the buffer pool), and has
+:mod:`.wrapper` write all of it out as one straight-line Python function, compiled
+once: per call only that function runs (no step loop, no sympy).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
@@ -24,6 +25,7 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, resolve_static, size_function
+from .wrapper import compile_graph, graph_source
 
 
 class KernelBuildError(RuntimeError):
@@ -98,9 +100,19 @@ class CompiledGraph:
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
         self.pool = BufferPool() if config.keep_buffers and _use_count else None
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
-        self.program = [self._compile_step(step, target) for step in plan.steps]
+        self.pool_empty: set[str] = set()  # tiles whose outputs come from the pool
+        self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
         self._free_after = self._liveness()
-        self._outputs = [self._output_getter(o) for o in graph.outputs]
+        self.source, bound = graph_source(
+            graph, self.program, self._free_after, probe=self._probe,
+            cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
+            timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty)
+        scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
+                 "getrefcount": _getrefcount, "use_count": _use_count,
+                 "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}
+        if self.pool is not None:
+            scope.update(pool_start=self.pool.start, pool_give=self.pool.give)
+        self._call = compile_graph(graph.name, self.source, bound, scope)
 
     # --- build ---------------------------------------------------------------------
     def _define(self, names) -> list[int]:
@@ -127,6 +139,7 @@ class CompiledGraph:
                 # buffer there would hand it to the caller and leave a later kernel a miss
                 if not set(step.outputs) & set(graph.outputs):
                     fn = functools.partial(fn, empty=self.pool.empty)
+                    self.pool_empty.add(step.name)
             return ("kernel", step.name, fn, ins, outs)
         if isinstance(step, TileOp):  # a view: zero-copy through torch, one result
             ins = [self.slot[n] for n in step.inputs]
@@ -191,7 +204,7 @@ class CompiledGraph:
         keep = {self.slot[o] for o in self.plan.graph.outputs if isinstance(o, str)}
         last: dict[int, int] = {}
         base: dict[int, int] = {}  # a view's slot -> the pooled slot it aliases
-        for i, (kind, _, _, ins, outs) in enumerate(self.program):
+        for i, (kind, _, _, ins, outs, _) in enumerate(self.program):
             for s in ins:
                 last[s] = i
                 if s in base:  # a pooled buffer lives as long as its views
@@ -204,53 +217,9 @@ class CompiledGraph:
                 free[i][s in self.pooled].append(s)
         return free
 
-    def _output_getter(self, o):
-        if o is None:
-            return lambda env, syms: None
-        if isinstance(o, str):
-            s = self.slot[o]
-            return lambda env, syms: env[s]
-        f = size_function(o, self.plan.graph.symbols)
-        return lambda env, syms: f(syms)
-
     # --- run -----------------------------------------------------------------------
     def __call__(self, *args) -> list:
-        probe = self._probe
-        # AOTAutograd passes None for an input the graph never reads (linalg.inv's forward)
-        if probe >= 0 and args[probe] is not None and (
-                not args[probe].is_cpu if self._cpu_only else args[probe].is_meta):
-            return self._other_device(args)
-        bindings = self.bindings
-        syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
-        env: list[Any] = list(args) + self.constants
-        env += [None] * (len(self.slot) - len(env))
-        del args
-        profile, pool = self.config.profile, self.pool
-        if pool is not None:
-            pool.start(syms)
-        for (kind, name, fn, ins, outs), (free, recycle) in zip(self.program, self._free_after):
-            if kind == "view":  # one result
-                env[outs[0]] = fn([env[s] for s in ins], syms)
-            else:
-                if profile and kind == "kernel":
-                    start = time.perf_counter()
-                    results = fn([env[s] for s in ins], syms)
-                    self.timings.setdefault(name, []).append(
-                        (time.perf_counter() - start) * 1e6)
-                else:
-                    results = fn([env[s] for s in ins], syms)
-                for s, r in zip(outs, results):
-                    if s is not None:
-                        env[s] = r
-            for s in free:
-                env[s] = None
-            for s in recycle:
-                t = env[s]
-                env[s] = None
-                if _getrefcount(t) == _ALONE_REFS and _uses(t) == _ALONE_USES \
-                        and t.is_contiguous():
-                    pool.give(t)
-        return [get(env, syms) for get in self._outputs]
+        return self._call(args)
 
     def _other_device(self, args) -> list:
         if self.eager is not None:
@@ -264,22 +233,19 @@ class CompiledGraph:
 
 
 # A pooled buffer goes back only when no other Python reference (the same tensor object
-# in another slot, say an extern op that returned its input) and no other tensor (a view)
-# holds it: the next call overwrites it. The counts of a lone tensor are probed with the
-# very statements __call__ runs, so they hold whatever the interpreter's refcounting does.
+# in another variable, say an extern op that returned its input) and no other tensor (a
+# view) holds it: the next call overwrites it. The counts of a lone tensor are probed with
+# the very expressions the generated code (wrapper.py) runs on a local variable, so they
+# hold whatever the interpreter's refcounting does.
 _getrefcount = sys.getrefcount
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _uses(t) -> int:
-    return _use_count(t.untyped_storage()._cdata)
-
-
 def _alone_counts() -> tuple[int, int]:
-    env = [torch.empty(1)]
-    t = env[0]
-    env[0] = None
-    return _getrefcount(t), _uses(t)
+    def probe(empty):
+        buf0 = empty(1)
+        return _getrefcount(buf0), _use_count(buf0.untyped_storage()._cdata)
+    return probe(torch.empty)
 
 
 _ALONE_REFS, _ALONE_USES = _alone_counts() if _use_count else (None, None)  # no pool then

@@ -74,6 +74,11 @@ def _source(x: Any) -> str:
     return repr(_to_python(x))
 
 
+def size_source(x: Any) -> str:
+    """Python source of a size (or a container of sizes) over its symbols' names."""
+    return _source(x)
+
+
 def contains_symbol(x: Any) -> bool:
     if isinstance(x, (tuple, list)):
         return any(contains_symbol(v) for v in x)

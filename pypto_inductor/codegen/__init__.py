@@ -50,6 +50,8 @@ class Kernel:
     reason: str | None = None  # why the tile is not native
     takes_allocator: bool = False  # fn(inputs, syms, empty=...): outputs from the runtime's pool
     program: Any = None  # cpu: the analysed kernel program (None for a bare GEMM)
+    # cpu: what the graph's generated code needs to call the kernel inline (launcher.Launch)
+    launch: Any = None
     split_ops: list[str] = dataclasses.field(default_factory=list)  # npu: ops run eagerly
 
     def __call__(self, inputs: list, syms: tuple, **kwargs) -> list:

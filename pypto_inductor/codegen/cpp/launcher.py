@@ -5,11 +5,14 @@
 looks up the input layout's metadata (sizes, strides and size symbols as ctypes
 arrays, cached by the inputs' strides), allocates the outputs (:mod:`.alloc`, or
 the runtime's buffer pool) and calls the kernel once, through the extension
-(:mod:`.native_call`) or ctypes.
+(:mod:`.native_call`) or ctypes. Its :class:`Launch` hands the same pieces to the
+graph's generated code (``wrapper.py``), which calls the kernel inline.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+from typing import Callable
 
 import torch
 
@@ -91,12 +94,12 @@ def native_kernel(fn, program: Program) -> Kernel:
     # input shapes are functions of the size symbols, so strides and syms identify them
     layouts: dict = {}
 
-    def layout(inputs: list, syms: tuple) -> tuple:
+    def layout(inputs: list, syms: tuple, key: tuple | None = None) -> tuple:
         arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
         entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
         if len(layouts) >= 256:
             layouts.pop(next(iter(layouts)))
-        layouts[(syms, *[t.stride() for t in inputs])] = entry
+        layouts[key or (syms, *[t.stride() for t in inputs])] = entry
         return entry
 
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
@@ -107,5 +110,54 @@ def native_kernel(fn, program: Program) -> Kernel:
     # our own template, no user text
     exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks)),  # noqa: S102
          scope)
+    launch = None
+    if call is not None and not program.writes and not checks:
+        launch = Launch(layouts, layout, call, scope["address"], tuple(dtypes), alloc.empty,
+                        tuple(tuple(spec.shape) for _, spec in program.outputs))
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
-    return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program)
+    return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program,
+                  launch=launch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """The pieces of a kernel's wrapper, for the graph's generated code to call the kernel
+    inline (wrapper.py): the same statements as :func:`wrapper_source` writes for the
+    extension, without the wrapper's frame, its input list and its result list."""
+
+    layouts: dict  # (syms, input strides...) -> (meta address, syms address, out shapes...)
+    layout: Callable  # layout(inputs, syms): makes and caches the entry on a miss
+    call: Callable  # native_call's extension function
+    address: int  # the compiled function's address
+    dtypes: tuple  # the outputs' dtypes
+    empty: Callable  # the allocator when the runtime's pool does not serve the outputs
+    shapes: tuple  # the outputs' shapes (sizes, sympy where symbolic)
+
+    def source(self, k: str, ins: list[str], outs: list[str], empty: str,
+               reuse: dict[int, str] | None = None, known: list[bool] | None = None
+               ) -> list[str]:
+        """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
+        and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
+        ``reuse``: output index -> a dead buffer of its shape and dtype to write into;
+        ``known``: per input, whether the size symbols alone fix its strides (a native
+        kernel's output, or a view of one): None stands for them in the layout key (the
+        wrapper's own keys never hold None, so the two never collide)."""
+        reuse, known = reuse or {}, known or [False] * len(ins)
+        key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
+                                   for i, kn in zip(ins, known))])
+        tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
+        return [f"    key = ({key},)",
+                f"    meta = {k}_layouts.get(key)",
+                "    if meta is None:",
+                f"        meta = {k}_layout([{', '.join(ins)}], syms, key)",
+                *(f"    {o} = {reuse[j]}" if j in reuse else
+                  f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
+                f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
+                "meta[0], meta[1], nthreads)",
+                *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
+                  if "_" in outs else [])]
+
+    def bindings(self, k: str) -> dict:
+        return {f"{k}_layouts": self.layouts, f"{k}_layout": self.layout,
+                f"{k}_address": self.address,
+                **{f"{k}_dt{j}": dt for j, dt in enumerate(self.dtypes)}}

@@ -1,0 +1,283 @@
+"""The Python code of a compiled graph: one straight-line function per graph.
+
+:class:`runtime.CompiledGraph` describes its plan as a list of steps (kernel, view,
+extern) with the slots they read and define; :func:`graph_source` writes that list out
+as Python source, the way Inductor's output code does, and :func:`compile_graph` runs
+it once at compile time. Per call there is no step loop and no dispatch: every value is
+a local variable, kernels, extern ops and constants are bound as default arguments
+(fast locals), size symbols are read once from the inputs and size expressions are
+plain Python arithmetic on them (printed from sympy at compile time), views are tensor
+method calls written inline, each intermediate is deleted right after its last reader,
+and a dead pooled kernel output goes back to the buffer pool on the spot.
+
+``PYPTO_INDUCTOR_GRAPH_CODE=1`` prints each graph's source at compile time; it is also
+kept on ``CompiledGraph.source``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import sympy
+import torch
+
+from .ir import ValueRef
+from .sizes import is_symbolic, resolve_static, size_source
+
+# view tile ops written inline as tensor methods: op -> (method, attribute order)
+_INLINE_VIEWS = {
+    "view": ("reshape", ("shape",)),
+    "permute": ("permute", ("dims",)),
+    "expand": ("expand", ("shape",)),
+    "select": ("select", ("dim", "index")),
+}
+
+
+class _NotInline(Exception):
+    """An argument the generator does not write as a literal (the step runs its closure)."""
+
+
+class GraphCode:
+    """Collects the source lines and the objects the source binds (default arguments)."""
+
+    def __init__(self, symbols):
+        self.lines: list[str] = []
+        self.bound: dict[str, object] = {}  # name -> object, bound as a default argument
+        self.rename = {s: sympy.Symbol(f"sym{j}", integer=True) for j, s in enumerate(symbols)}
+
+    def bind(self, prefix: str, obj) -> str:
+        for name, known in self.bound.items():
+            if known is obj and name.startswith(prefix):
+                return name
+        name = f"{prefix}{len(self.bound)}"
+        self.bound[name] = obj
+        return name
+
+    def size(self, expr) -> str:
+        return size_source(sympy.sympify(expr).xreplace(self.rename))
+
+    def literal(self, x, names: dict[int, str], slot) -> str:
+        """Python source for an extern op's argument (ValueRefs become variables)."""
+        if isinstance(x, ValueRef):
+            return names[slot[x.name]]
+        if is_symbolic(x):
+            return self.size(x)
+        x = resolve_static(x) if isinstance(x, sympy.Basic) else x
+        if type(x) is tuple or isinstance(x, list):  # list subclasses (fx's) as lists
+            inner = "".join(f"{self.literal(v, names, slot)}, " for v in x)
+            return f"({inner})" if type(x) is tuple else f"[{inner}]"
+        if type(x) is dict and all(type(k) is str for k in x):
+            return "{" + ", ".join(f"{k!r}: {self.literal(v, names, slot)}"
+                                   for k, v in x.items()) + "}"
+        if x is None or type(x) in (bool, int, str) or (type(x) is float and math.isfinite(x)):
+            return repr(x)
+        if _has_refs(x):
+            raise _NotInline(type(x).__name__)
+        return self.bind("cst", x)
+
+
+def _has_refs(x) -> bool:
+    return any(isinstance(v, ValueRef) or is_symbolic(v)
+               for v in torch.utils._pytree.tree_leaves(x))
+
+
+def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
+                 profile: bool, timings: dict, kernels: dict, pool_empty: set) -> tuple[str, dict]:
+    """(source of ``call(args)``, the objects it binds). See the module docstring.
+
+    ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
+    the inputs, then the constants, then each value a step defines. ``free_after``: per
+    step, the slots whose last reader it is (to drop, and to give back to ``pool``)."""
+    code = GraphCode(graph.symbols)
+    slot = dict(graph_slots(graph, program))
+    names = {}  # slot -> variable name
+    for i in range(len(graph.inputs)):
+        names[i] = f"arg{i}"
+    for j, value in enumerate(graph.constants.values()):
+        names[len(graph.inputs) + j] = code.bind("const", value)
+    for _, _, _, _, outs, _ in program:
+        for s in outs:
+            if s is not None:
+                names[s] = f"buf{s}"
+    outputs = graph.outputs
+    out = code.lines
+    n_in = len(graph.inputs)
+    if n_in:
+        out.append(f"    {''.join(names[i] + ', ' for i in range(n_in))}= args")
+    if probe >= 0:
+        p = names[probe]
+        test = f"not {p}.is_cpu" if cpu_only else f"{p}.is_meta"
+        out += [f"    if {p} is not None and {test}:", "        return other_device(args)"]
+    for j, (i, d) in enumerate(graph.symbol_bindings.values()):
+        out.append(f"    sym{j} = {names[i]}" + ("" if d is None else f".shape[{d}]"))
+    out.append(f"    syms = ({''.join(f'sym{j}, ' for j in range(len(graph.symbols)))})")
+    if pool is not None:
+        out.append("    pool_start(syms)")
+        code.bound["pool_empty"] = pool.empty
+    static = _static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
+    known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
+    dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
+    first_step = len(out)
+    for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
+        args = ", ".join(names[s] for s in ins)
+        defs = [names[s] if s is not None else "_" for s in outs]
+        if kind == "kernel":
+            launch = getattr(kernels.get(name), "launch", None)
+            if profile:
+                t = code.bind("times", timings.setdefault(name, []))
+                out.append("    start = perf_counter()")
+            if launch is not None:  # the native call written out (launcher.Launch)
+                k = f"k{len(code.bound)}"
+                code.bound.update(launch.bindings(k))
+                code.bound.setdefault("native_call", launch.call)
+                empty = ("pool_empty" if name in pool_empty
+                         else code.bind("alloc", launch.empty))
+                reuse = {}
+                for j, s in enumerate(outs):
+                    if s in static and dead.get(static[s]):
+                        reuse[j] = dead[static[s]].pop()
+                if "threads" not in code.bound:  # the thread count, read once per call
+                    code.bound["threads"] = torch.get_num_threads
+                    out.insert(first_step, "    nthreads = threads()")
+                out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
+                                     [s in known for s in ins])
+                known.update(s for s in outs if s is not None)
+                if reuse:
+                    out.append(f"    del {', '.join(reuse.values())}")
+            else:
+                call = f"{code.bind('kern', fn)}([{args}], syms)"
+                out.append(f"    {''.join(d + ', ' for d in defs)}= {call}" if defs
+                           else f"    {call}")
+            if profile:
+                out.append(f"    {t}.append((perf_counter() - start) * 1e6)")
+        elif kind == "view":
+            out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
+            if ins and ins[0] in known:
+                known.add(outs[0])
+        else:
+            out += _extern(code, step, fn, defs, args, names, slot)
+        if free:  # first: a dead view still holds its base's storage
+            out.append(f"    del {', '.join(names[s] for s in free)}")
+        for s in [s for s in recycle if s in static]:  # kept for a later kernel's output
+            dead.setdefault(static[s], []).append(names[s])
+        recycle = [s for s in recycle if s not in static]
+        for s in recycle:
+            v = names[s]
+            out += [f"    if getrefcount({v}) == ALONE_REFS and "
+                    f"use_count({v}.untyped_storage()._cdata) == ALONE_USES and "
+                    f"{v}.is_contiguous():",
+                    f"        pool_give({v})"]
+        if recycle:
+            out.append(f"    del {', '.join(names[s] for s in recycle)}")
+    rets = []
+    for o in outputs:
+        if o is None:
+            rets.append("None")
+        elif isinstance(o, str):
+            rets.append(names[slot[o]])
+        else:
+            rets.append(code.size(o) if is_symbolic(o) else code.literal(o, names, slot))
+    spare = [v for vs in dead.values() for v in vs]
+    out += [f"    pool_give({v})" for v in spare]  # the next call's allocations
+    if spare:
+        out.append(f"    del {', '.join(spare)}")
+    out.append(f"    return [{', '.join(rets)}]")
+    params = "".join(f", {n}={n}" for n in code.bound)
+    src = f"def call(args{params}):\n" + "\n".join(out) + "\n"
+    return src, code.bound
+
+
+def _static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
+    """Kernel outputs whose buffers a later kernel may write into once they are dead,
+    decided at compile time (as Inductor's wrapper reuses buffers): slot -> (shape, dtype).
+
+    Only pooled outputs of kernels called inline (launcher.Launch: fresh contiguous
+    buffers, no in-place writes), read only by views and such kernels, and neither they
+    nor a view of them returned: nothing else can hold such a buffer once its last reader
+    ran. Every other dead pooled buffer goes through the runtime check (refcounts)."""
+    key, root = {}, {}  # candidate slot -> (shape, dtype); view slot -> candidate
+    bad = set()
+    for kind, name, fn, ins, outs, step in program:
+        launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        for s in ins:
+            r = root.get(s, s)
+            if r in key and not (kind == "view" or launch is not None):
+                bad.add(r)
+        if kind == "view" and ins and root.get(ins[0], ins[0]) in key:
+            root[outs[0]] = root.get(ins[0], ins[0])
+        if launch is not None and name in pool_empty:
+            for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
+                if s is not None:
+                    key[s] = (tuple(sympy.sympify(d) for d in shape), dt)
+    slots = dict(graph_slots(graph, program))
+    for o in graph.outputs:
+        if isinstance(o, str) and o in slots:
+            bad.add(root.get(slots[o], slots[o]))
+    return {s: k for s, k in key.items() if s not in bad}
+
+
+def graph_slots(graph, program):
+    """(value name, slot) of every graph value the program knows."""
+    seen = {}
+    for i, n in enumerate(graph.inputs):
+        seen[n] = i
+    for j, n in enumerate(graph.constants):
+        seen[n] = len(graph.inputs) + j
+    for kind, name, fn, ins, outs, step in program:
+        names = step.outputs if kind != "view" else [step.name]
+        for n, s in zip(names, outs):
+            if n is not None and s is not None:
+                seen[n] = s
+    return seen.items()
+
+
+def _view(code: GraphCode, step, fn, args: str) -> str:
+    """A view step as a tensor method call (or its runner when it has no inline form)."""
+    inline = _INLINE_VIEWS.get(step.op)
+    operands_ok = len(step.args) == 1 and isinstance(step.args[0], str)
+    attrs = step.attrs
+    if step.op == "slice" and operands_ok and attrs.get("step") == 1:
+        return (f"{args}.narrow({code.size(attrs['dim'])}, {code.size(attrs['start'])}, "
+                f"{code.size(attrs['length'])})")
+    if inline and operands_ok and set(attrs) == set(inline[1]):
+        try:
+            vals = ", ".join(code.literal(attrs[a], {}, {}) for a in inline[1])
+        except (_NotInline, KeyError):
+            vals = None
+        if vals is not None:
+            return f"{args}.{inline[0]}({vals})"
+    return f"{code.bind('view', fn)}([{args}], syms)"
+
+
+def _extern(code: GraphCode, step, closure, defs: list[str], args: str, names, slot) -> list[str]:
+    """An extern op's call with its arguments written out (its closure if they cannot be)."""
+    try:
+        pos = "".join(f"{code.literal(a, names, slot)}, " for a in step.args)
+        kw = "".join(f"{k}={code.literal(v, names, slot)}, " for k, v in step.kwargs.items())
+        call = f"{code.bind('ext', step.fn)}({pos}{kw})"
+    except _NotInline:
+        call = None
+    if call is None:  # the closure returns a list of results
+        c = f"{code.bind('extcall', closure)}([{args}], syms)"
+        if not any(d != "_" for d in defs):
+            return [f"    {c}"]
+        return [f"    result = {c}",
+                *(f"    {d} = result[{j}]" for j, d in enumerate(defs) if d != "_"),
+                "    del result"]
+    if not step.tuple_result:
+        return [f"    {defs[0]} = {call}" if defs and defs[0] != "_" else f"    {call}"]
+    if not any(d != "_" for d in defs):
+        return [f"    {call}"]
+    return [f"    result = {call}",
+            *(f"    {d} = result[{j}]" for j, d in enumerate(defs) if d != "_"),
+            "    del result"]
+
+
+def compile_graph(name: str, source: str, bound: dict, scope: dict):
+    """exec the source once; the function ``call(args)``."""
+    if os.environ.get("PYPTO_INDUCTOR_GRAPH_CODE"):
+        print(f"# pypto_inductor graph {name}\n{source}", file=sys.stderr)
+    glb = {"math": math, "torch": torch, **scope, **bound}
+    exec(compile(source, f"<pypto graph {name}>", "exec"), glb)  # noqa: S102 - our own source
+    return glb["call"]
