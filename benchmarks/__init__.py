@@ -11,3 +11,18 @@ def median_us(fn, args, repeats: int) -> float:
         fn(*args)
         times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times)
+
+
+def interleaved_medians(variants: dict, call, rounds: int, repeats: int) -> dict:
+    """Per label, the median over ``rounds`` of ``median_us(call, (variant,), repeats)``;
+    one round times every variant in turn, so machine noise hits them all alike."""
+    times = {label: [] for label in variants}
+    for _ in range(rounds):
+        for label, f in variants.items():
+            times[label].append(median_us(call, (f,), repeats))
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *("| " + " | ".join(r) + " |" for r in rows)]

@@ -35,7 +35,7 @@ from torch import nn
 from pypto_inductor import calibrate, models
 from pypto_inductor.codegen.cpp import compiler as cpp_build
 
-from . import median_us, training
+from . import md_table, median_us, training
 
 
 class LinearGeluLinear(nn.Module):
@@ -162,11 +162,6 @@ def _memory_bound_tiles(name, fn, inputs, target: str, repeats: int) -> list[dic
                 rows.append({"case": name, "copy_bw": copy_bw, **t})
     torch._dynamo.reset()
     return rows
-
-
-def md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def machine() -> str:

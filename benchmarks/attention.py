@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-from . import median_us
+from . import interleaved_medians, md_table
 
 
 def bert_attention(q, k, v, mask):
@@ -107,11 +106,7 @@ def run(threads: int, rounds: int, repeats: int, train: bool) -> list[list[str]]
             ref = call(variants["eager"])
             for label, f in variants.items():  # compile, and check the result
                 torch.testing.assert_close(call(f), ref, rtol=1e-4, atol=1e-4)
-            times = {label: [] for label in variants}
-            for _ in range(rounds):  # interleaved rounds
-                for label, f in variants.items():
-                    times[label].append(median_us(call, (f,), repeats))
-        med = {label: statistics.median(t) for label, t in times.items()}
+            med = interleaved_medians(variants, call, rounds, repeats)
         rows.append([name + (" fwd+bwd" if train else "")]
                     + [f"{med[v] / 1000:.2f}" for v in variants]
                     + [f"{med['eager'] / med['pypto unfused']:.2f}x",
@@ -130,10 +125,7 @@ def main(argv=None) -> int:
     header = ["case", "eager ms", "inductor ms", "pypto unfused ms", "pypto ms",
               "unfused vs eager", "pypto vs eager", "pypto vs inductor"]
     rows = run(a.threads, a.rounds, a.repeats, a.train)
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print("\n".join(md_table(header, rows)))
     return 0
 
 

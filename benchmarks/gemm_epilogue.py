@@ -6,14 +6,13 @@ Inductor and pypto interleaved in one process; medians and ratios.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import matmul
 
-from . import median_us
+from . import interleaved_medians, md_table
 
 
 def _cases(tokens=512, hidden=256, ffn=1024, dtype=torch.float32):
@@ -57,11 +56,7 @@ def run(threads: int, rounds: int, repeats: int, dtype) -> list[list[str]]:
                 matmul.ONEDNN_POST_OPS = label != "pypto native epilogue"
                 torch.testing.assert_close(f(*args), ref, **tol)
             matmul.ONEDNN_POST_OPS = True
-            times = {label: [] for label in variants}
-            for _ in range(rounds):
-                for label, f in variants.items():
-                    times[label].append(median_us(f, args, repeats))
-        med = {label: statistics.median(t) for label, t in times.items()}
+            med = interleaved_medians(variants, lambda f: f(*args), rounds, repeats)
         rows.append([name] + [f"{med[v]:.0f}" for v in variants]
                     + [f"{med['pypto native epilogue'] / med['pypto']:.2f}x",
                        f"{med['eager'] / med['pypto']:.2f}x",
@@ -80,10 +75,7 @@ def main(argv=None) -> int:
               "pypto vs native epilogue", "pypto vs eager",
               "pypto vs inductor"]
     rows = run(a.threads, a.rounds, a.repeats, getattr(torch, a.dtype))
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print("\n".join(md_table(header, rows)))
     return 0
 
 

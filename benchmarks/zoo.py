@@ -38,7 +38,7 @@ import torch
 
 from pypto_inductor import zoo
 
-from . import median_us
+from . import md_table, median_us
 
 MODES = ("forward", "decode", "train")
 BATCH, SEQ, IMAGE = 4, 128, 64
@@ -274,8 +274,6 @@ def main(argv=None) -> int:
     total = time.perf_counter() - start_all
     print(f"# total {total / 60:.1f} min")
     if args.markdown:
-        from .__main__ import md_table
-
         command = "python -m benchmarks zoo " + " ".join(sys.argv[2:] if argv is None else argv)
         with open(args.markdown, "a") as f:
             f.write("\n".join([

@@ -235,7 +235,7 @@ class ColumnEmitter(RowEmitter):
         """One pass over columns c_lo..c_hi (reduced elements) for the block: reductions
         ``reds`` accumulate, per-element outputs ``outs`` are stored (the tile's order in
         memory is column-major over the analysed domain)."""
-        p, w = self.p, self.w
+        w = self.w
         deps = self.col_deps([a for x in reds for a in x.args] + [x for _, x, _ in outs])
         wide = [x for x in reds if self.wide(x)]
         lo, hi = "c_lo", "c_hi"
