@@ -239,7 +239,45 @@ def markdown(rows: list[GraphCoverage], gen_rows: list[GenerationCoverage], head
                 "compiles, graph breaks, recompiles; a restart of Dynamo's analysis is not one). "
                 "`eager` is Dynamo alone: recompiles are Dynamo's decision, so a backend matches "
                 "it unless it adds shape guards of its own."]
+    out += ["", NOTES]
     return "\n".join(out) + "\n"
+
+
+# Why the tables look as they do (kept with the generator, so a regenerated page keeps them).
+NOTES = """## Notes
+
+**Extern ops.** Every extern op in the zoo is one whose eager kernel is the implementation
+chosen (`EAGER_BY_CHOICE` in `pypto_inductor/lowering/graph.py`; tests/test_real_models.py
+fails on any other): SDPA's fused CPU kernel and its backward, kept whole because decomposing
+it changed what its backward receives (the logsumexp), which gave wrong gradients; convolution
+and its backward (oneDNN / GEMM libraries, as in Inductor's CPU backend); ResNet's max pooling
+(a window op like convolution, no native window tile yet). All other ops of every zoo graph are
+lowered: embedding and gathers, arange, padding, scatters, `copy_` mutations, the optimizer
+chain. tests/test_decompositions.py checks SDPA causal, boolean-masked and additive-masked,
+forward and backward, fp32 and bf16 autocast, against eager.
+
+**Kernels on the reference executor** (lowered tile ops run through their ATen op by the
+reference executor, not as generated C++; results are eager's own):
+- `tile op index_put` / `tile op scatter`: the backward of `embedding` (gradient rows summed
+  at the token ids, `index_put(accumulate=True)`) and of cross-entropy (`nll_loss_backward`
+  scatters `-1/N` at the targets). Writes at data-dependent positions form tiles of their own;
+  the C++ emitter has no scatter-write loop yet, so ATen's kernel runs them.
+- `reduction over dims [0, 2, 3] takes the last dim but not only the innermost ones`:
+  BatchNorm's training statistics over N, H, W of an NCHW tensor (ResNet). The C++ emitter
+  reduces innermost dims (rows) or leading dims (columns), not a mix of both yet.
+
+**Graphs run eagerly.** None: no zoo graph has data-dependent sizes. A graph that has them
+(`nonzero` under Dynamo's `capture_dynamic_output_shape_ops`) runs eagerly, and the report's
+reason and the warning name the first node with such a size
+(tests/test_graph_constants.py).
+
+**torchvision's ResNet-18.** Not in the zoo: the only torchvision built for torch 2.13.0
+(0.28.0 on the package index) is a CUDA build whose `torchvision/_C.so` links
+`libc10_cuda.so`, absent from the pinned CPU torch, so `import torchvision` fails
+(`operator torchvision::nms does not exist`); 0.29.x requires torch>=2.14, and installing it
+would replace torch. The zoo's `resnet` is ResNet-18's structure at toy size (stem with max
+pooling, BasicBlocks with BatchNorm and projected shortcuts, average pooling, fc).
+"""
 
 
 __all__ = ["GraphCoverage", "GenerationCoverage", "collect_coverage", "generation_coverage",
