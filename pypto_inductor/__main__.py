@@ -109,8 +109,9 @@ def models_cmd(args) -> int:
         f"(torch {torch.__version__}, transformers {transformers.__version__}, options "
         f"{options or 'default'}). The models are `transformers` models built from tiny configs "
         "with random weights (hidden 64, 2 layers, 4 heads, vocab 256, batch 2 x 16 tokens; "
-        "`pypto_inductor/zoo/__init__.py`), plus a small hand-built ResNet (torchvision does not "
-        "import beside the pinned CPU torch). Graph kinds: `inference` is the eval forward "
+        "`pypto_inductor/zoo/__init__.py`), plus a small hand-built ResNet (torchvision: the only build for torch 2.13.0, "
+        "0.28.0, is a CUDA build whose `_C.so` needs `libc10_cuda.so`, absent from the CPU "
+        "torch, so `import torchvision` fails; 0.29.x requires torch>=2.14). Graph kinds: `inference` is the eval forward "
         "under no_grad; `forward` and `backward` are one training step. "
         "tests/test_real_models.py asserts the same models against eager.")
     text = markdown(rows, gen_rows, header)

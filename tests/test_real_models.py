@@ -15,6 +15,7 @@ import torch
 
 import pypto_inductor
 from pypto_inductor import zoo
+from pypto_inductor.lowering import EAGER_BY_CHOICE
 from pypto_inductor.report import collect
 
 MODELS = list(zoo.ZOO)
@@ -32,6 +33,12 @@ def assert_compiled_whole(graphs, kinds: set[str]) -> None:
     assert {g.name.rsplit("_", 1)[-1] for g in graphs} == kinds
     problems = zoo.compile_problems(graphs)
     assert not problems, "\n".join(problems)
+    # an op runs eagerly only where its eager kernel is the implementation chosen
+    # (SDPA's CPU kernel, convolution, ...), never for want of a lowering
+    chosen = set(EAGER_BY_CHOICE.values())
+    unchosen = sorted({r for g in graphs for r in g.to_dict()["extern_reasons"].values()
+                       if r.partition(": ")[2] not in chosen})
+    assert not unchosen, f"extern ops without a lowering: {unchosen}"
 
 
 def assert_outputs_close(out, ref, **tol) -> None:

@@ -2,10 +2,10 @@
 from . import (  # noqa: F401  (registration)
     composite, indexing, layout, matmul, mutation, pointwise, reduction)
 from .decompositions import decomposition_table
-from .graph import GraphNotLowerable, LoweringContext, lower_graph
+from .graph import EAGER_BY_CHOICE, GraphNotLowerable, LoweringContext, lower_graph
 from .registry import LOWERINGS, Unsupported, lowered_op_names, register_lowering
 
 __all__ = [
-    "GraphNotLowerable", "LOWERINGS", "LoweringContext", "Unsupported",
+    "EAGER_BY_CHOICE", "GraphNotLowerable", "LOWERINGS", "LoweringContext", "Unsupported",
     "decomposition_table", "lower_graph", "lowered_op_names", "register_lowering",
 ]

@@ -290,10 +290,32 @@ def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
     return node.name
 
 
+# Ops whose own ATen kernel is the implementation we choose: extern by design, not for want
+# of a lowering. The report gives these reasons (docs/models.md lists them per model).
+_aten = torch.ops.aten
+_SDPA_WHOLE = ("SDPA's fused CPU kernel, kept whole (as Inductor does): its backward reads the "
+               "logsumexp the forward saves, which decomposing it changed (wrong gradients)")
+EAGER_BY_CHOICE = {
+    _aten._scaled_dot_product_flash_attention_for_cpu.default:
+        _SDPA_WHOLE + "; with dropout it draws what eager draws",
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+        "the backward of SDPA's fused CPU kernel (the forward is kept whole)",
+    _aten.convolution.default: "convolution: the oneDNN/GEMM kernel eager uses; no tile form",
+    _aten.convolution_backward.default:
+        "convolution backward: the oneDNN/GEMM kernels eager uses; no tile form",
+    _aten.max_pool2d_with_indices.default:
+        "window op (as convolution): the eager kernel; no native window tile yet",
+    _aten.max_pool2d_with_indices_backward.default:
+        "window op (as convolution): the eager kernel; no native window tile yet",
+}
+
+
 def _why_extern(node: fx.Node, target, config: Config) -> str | None:
     name = op_name(target)
     if config.forced_fallback(name):
         return FORCED
+    if target in EAGER_BY_CHOICE and target not in LOWERINGS:
+        return EAGER_BY_CHOICE[target]
     if _NONDETERMINISTIC_TAG in target.tags:
         # the table keeps random ops whole (lowering/decompositions.py), so this is the
         # op eager calls, drawing from the same generator state in the same order

@@ -104,3 +104,43 @@ def lower_softmax(ctx, x, dim, half_to_float=False):
     op = "softmax" if ctx.aten_name == "_softmax" else "log_softmax"
     return ctx.emit(op, OpKind.REDUCTION, (x,), dims=normalize_dims(dim, ndim), keepdim=True,
                     dtype=ctx.out_spec.dtype)
+
+
+# A scan along a dim of at most this many static elements is lowered as a masked sum
+# (n^2 products per scanned row); a longer or symbolic one runs ATen's cumsum.
+CUMSUM_MAX = 1024
+
+
+@register_lowering(aten.cumsum)
+def lower_cumsum(ctx, x, dim, *, dtype=None):
+    """cumsum as out[.., i, ..] = sum_j x[.., j, ..] * (j <= i): x viewed with a size-1 dim
+    before ``dim``, a where over the [n, n] triangle from two aranges, and a sum over the
+    j dim. Integer scans (position ids from a mask) are exact; float sums differ from
+    eager's sequential scan by rounding, as any reordered sum."""
+    spec, out = ctx.spec(x), ctx.out_spec
+    ndim = len(spec.shape)
+    if ndim == 0:
+        return ctx.emit("cast", OpKind.CAST, (x,), dtype=out.dtype) \
+            if out.dtype != spec.dtype else ctx.pointwise("copy", (x,))
+    dim = int(dim) % ndim
+    n = spec.shape[dim]
+    if not n.is_number or int(n) > CUMSUM_MAX:
+        raise Unsupported(f"cumsum along a dim of {n} elements (lowered up to {CUMSUM_MAX})")
+    n, after = int(n), ndim - dim - 1
+    if out.dtype != spec.dtype:
+        x = ctx.emit("cast", OpKind.CAST, (x,), out=ctx.new_spec(spec.shape, out.dtype),
+                     dtype=out.dtype)
+    rows = tuple(spec.shape[:dim]) + (1, n) + tuple(spec.shape[dim + 1:])
+    xv = ctx.emit("view", OpKind.LAYOUT, (x,), out=ctx.new_spec(rows, out.dtype), shape=rows)
+    i_shape, j_shape = (n, 1) + (1,) * after, (1, n) + (1,) * after
+    ar = ctx.emit("arange", OpKind.ELEMENTWISE, (), out=ctx.new_spec((n,), torch.int64),
+                  start=0, end=n, step=1, dtype=torch.int64)
+    i = ctx.emit("view", OpKind.LAYOUT, (ar,), out=ctx.new_spec(i_shape, torch.int64),
+                 shape=i_shape)
+    j = ctx.emit("view", OpKind.LAYOUT, (ar,), out=ctx.new_spec(j_shape, torch.int64),
+                 shape=j_shape)
+    tri = ctx.pointwise("le", (j, i), out=ctx.new_spec((n, n) + (1,) * after, torch.bool))
+    full = tuple(spec.shape[:dim]) + (n, n) + tuple(spec.shape[dim + 1:])
+    masked = ctx.pointwise("where", (tri, xv, 0), out=ctx.new_spec(full, out.dtype))
+    return ctx.emit("sum", OpKind.REDUCTION, (masked,), out=out, dims=(dim + 1,),
+                    keepdim=False, dtype=out.dtype)

@@ -6,8 +6,9 @@ config (never downloaded) with dropout 0, so compiled and eager runs are
 comparable; ``batch(name, seed)`` gives a fresh random batch of keyword
 arguments, labels included, so ``model(**batch)["loss"]`` is a training loss.
 
-The ResNet entry is a small hand-built ResNet (BasicBlocks with BatchNorm): PyPI's
-torchvision does not import beside the pinned CPU torch 2.13.0.
+The ResNet entry is a small hand-built ResNet (BasicBlocks with BatchNorm): torchvision
+does not import beside the pinned CPU torch 2.13.0 (its 0.28.0 wheel is a CUDA build
+needing libc10_cuda.so; 0.29.x requires torch>=2.14).
 """
 from __future__ import annotations
 
