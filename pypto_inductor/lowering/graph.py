@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 
 from ..config import Config
 from ..ir import ExternOp, OpKind, SymSpec, TensorSpec, TileGraph, TileOp, ValueRef, op_name
-from ..sizes import contiguous_strides
+from ..sizes import contiguous_strides, is_symbolic
 from .registry import LOWERINGS, Unsupported
 
 SUPPORTED_DTYPES = {
@@ -236,6 +236,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+    if isinstance(val, torch.SymFloat) and is_symbolic(sym_expr(val)):
+        # float size arithmetic (var's backward scale 2 / (numel - correction)): also a
+        # size expression, printed with sym_float / FloatTrueDiv
+        return sym_expr(val)
     if isinstance(target, torch._ops.HigherOrderOperator):
         return _extern(ctx, node, env, "higher-order op: runs eagerly, calling its subgraphs")
     if not isinstance(target, torch._ops.OpOverload):
