@@ -236,10 +236,11 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
-    if isinstance(val, torch.SymFloat) and is_symbolic(sym_expr(val)):
-        # float size arithmetic (var's backward scale 2 / (numel - correction)): also a
-        # size expression, printed with sym_float / FloatTrueDiv
-        return sym_expr(val)
+    if isinstance(val, torch.SymFloat):
+        # float size arithmetic (var's backward scale 2 / (numel - correction), a dynamic
+        # correction): also a size expression, printed with sym_float / FloatTrueDiv
+        e = sym_expr(val)
+        return e if is_symbolic(e) else float(e)
     if isinstance(target, torch._ops.HigherOrderOperator):
         return _extern(ctx, node, env, "higher-order op: runs eagerly, calling its subgraphs")
     if not isinstance(target, torch._ops.OpOverload):
@@ -332,6 +333,11 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
     args = tree_map(ref, node.args)
     kwargs = tree_map(ref, dict(node.kwargs))
     val = node.meta.get("val")
+    if node.users and not isinstance(val, (tuple, list, torch.Tensor)) and val is not None:
+        # an extern's result is a tensor slot: a scalar the graph reads would reach its
+        # readers as None (a silent wrong default), so the graph runs eagerly instead
+        raise GraphNotLowerable(f"{node.name} ({reason}) gives a {type(val).__name__} "
+                                "the graph reads")
     if isinstance(val, (tuple, list)):
         outputs = [f"{node.name}_{i}" if isinstance(v, torch.Tensor) else None
                    for i, v in enumerate(val)]
