@@ -214,7 +214,10 @@ class CompiledGraph:
         return lambda env, syms: f(syms)
 
     # --- run -----------------------------------------------------------------------
-    def __call__(self, *args) -> list:
+    # AOTAutograd's boxed convention: __call__ takes the argument list and empties it, so
+    # an input (a saved activation in a backward graph) is freed after its last use here,
+    # not when the whole graph returns (docs/memory.md)
+    def __call__(self, args: list) -> list:
         probe = self._probe
         # AOTAutograd passes None for an input the graph never reads (linalg.inv's forward)
         if probe >= 0 and args[probe] is not None and (
@@ -224,6 +227,7 @@ class CompiledGraph:
         syms = tuple(args[i] if d is None else args[i].shape[d] for i, d in bindings)
         env: list[Any] = list(args) + self.constants
         env += [None] * (len(self.slot) - len(env))
+        args.clear()
         del args
         profile, pool = self.config.profile, self.pool
         if pool is not None:

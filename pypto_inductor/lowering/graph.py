@@ -333,9 +333,10 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
     args = tree_map(ref, node.args)
     kwargs = tree_map(ref, dict(node.kwargs))
     val = node.meta.get("val")
-    if node.users and not isinstance(val, (tuple, list, torch.Tensor)) and val is not None:
-        # an extern's result is a tensor slot: a scalar the graph reads would reach its
+    if node.users and isinstance(val, (float, torch.SymFloat)):
+        # an extern's result is a tensor slot: a number the graph reads would reach its
         # readers as None (a silent wrong default), so the graph runs eagerly instead
+        # (symbolic conditions, SymBool, feed only run-time asserts)
         raise GraphNotLowerable(f"{node.name} ({reason}) gives a {type(val).__name__} "
                                 "the graph reads")
     if isinstance(val, (tuple, list)):
