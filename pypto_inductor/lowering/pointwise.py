@@ -147,7 +147,13 @@ def _scaled(ctx, x, alpha):
         return x
     if not isinstance(x, str):
         return x * alpha
-    return ctx.pointwise("mul", (x, alpha), out=ctx.spec(x))
+    spec = ctx.spec(x)
+    if spec.dtype == torch.bool:
+        if ctx.out_spec.dtype == torch.bool:  # eager takes alpha as a bool here
+            return x if alpha else ctx.pointwise("mul", (x, False), out=spec)
+        spec = ctx.new_spec(spec.shape, ctx.out_spec.dtype)  # 2 * True is 2, not True
+        x = ctx.emit("cast", OpKind.CAST, (x,), out=spec, dtype=spec.dtype)
+    return ctx.pointwise("mul", (x, alpha), out=spec)
 
 
 @register_lowering(aten.gelu)

@@ -134,3 +134,18 @@ def test_var_correction_from_a_dynamic_int(correction):
         ref = fn(x2)
         assert_close(got, ref)
         assert_close(grad, torch.autograd.grad(ref, x2, go)[0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_add_alpha_of_bool(target):
+    """Fuzz seed 20161: add(bool, bool, alpha=2) gave int64 on the reference target (the
+    scaled operand 2 * b in int64); with a float operand 2 * True is 2."""
+    a, b = torch.rand(6, 7) < 0.5, torch.rand(6, 7) < 0.5
+    x = torch.randn(6, 7)
+    for fn in (lambda a, b, x: torch.add(a, b, alpha=2),
+               lambda a, b, x: torch.add(a, b, alpha=0),
+               lambda a, b, x: torch.add(x, b, alpha=2),
+               lambda a, b, x: torch.add(a.int(), b, alpha=3)):
+        got, ref = _compile(fn, target)(a, b, x), fn(a, b, x)
+        assert got.dtype == ref.dtype
+        assert_close(got, ref)
