@@ -149,3 +149,15 @@ def test_add_alpha_of_bool(target):
         got, ref = _compile(fn, target)(a, b, x), fn(a, b, x)
         assert got.dtype == ref.dtype
         assert_close(got, ref)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_linear_with_bias_rounds_once(target, dtype):
+    """Fuzz seed 20120: the reference target rounded float16 x @ w.T to float16 before
+    adding the bias; eager's linear (addmm) rounds product + bias once."""
+    x, w, b = (torch.randn(s).to(dtype) for s in ((24, 64, 7), (4, 7), (4,)))
+    for inp in (x, x[0]):
+        got, ref = _compile(torch.nn.functional.linear, target)(inp, w, b), \
+            torch.nn.functional.linear(inp, w, b)
+        assert_close(got, ref, rtol=0, atol=0)
