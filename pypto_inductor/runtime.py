@@ -69,7 +69,7 @@ class _Size:  # a pytree leaf: a size expression evaluated per call
 
 
 class CompiledGraph:
-    """Runs a FusionPlan; called as ``compiled(*args)``."""
+    """Runs a FusionPlan; called as ``compiled(args)`` with a list it empties (boxed)."""
 
     def __init__(self, plan: FusionPlan, target: Target, config: Config,
                  eager: Callable | None = None):
@@ -218,7 +218,10 @@ class CompiledGraph:
         return free
 
     # --- run -----------------------------------------------------------------------
-    def __call__(self, *args) -> list:
+    # AOTAutograd's boxed convention: __call__ takes the argument list and the generated
+    # code empties it, so an input (a saved activation in a backward graph) is freed after
+    # its last use here, not when the whole graph returns (docs/memory.md)
+    def __call__(self, args: list) -> list:
         return self._call(args)
 
     def _other_device(self, args) -> list:

@@ -112,6 +112,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     for j, (i, d) in enumerate(graph.symbol_bindings.values()):
         out.append(f"    sym{j} = {names[i]}" + ("" if d is None else f".shape[{d}]"))
     out.append(f"    syms = ({''.join(f'sym{j}, ' for j in range(len(graph.symbols)))})")
+    out.append("    args.clear()")  # the boxed convention: see CompiledGraph.__call__
     if pool is not None:
         out.append("    pool_start(syms)")
         code.bound["pool_empty"] = pool.empty

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..ir import FusionTile, TileGraph, TileOp
+from ..ir import FusionTile, OpKind, TileGraph, TileOp, gemm_bias_add
 from ..sizes import contains_symbol, is_symbolic, resolve_static, size_function
 from . import Kernel, build_each
 
@@ -223,7 +223,23 @@ def build(tile: FusionTile, graph: TileGraph) -> Kernel:
     symbols = graph.symbols
     slots = {name: i for i, name in enumerate(tile.inputs)}
     program = []
+    # a GEMM's bias add runs as torch.addmm / baddbmm, as the cpu target and eager's linear
+    # do: one rounding of product + bias (float16 rounds the bare product otherwise)
+    bias_add = gemm_bias_add(tile.ops, graph.specs, tile.outputs) \
+        if tile.kind is OpKind.MATMUL else None
+    mm = next(op for op in tile.ops if op.kind is OpKind.MATMUL) if bias_add else None
     for op in tile.ops:
+        if op is mm:  # computed by the bias add (nothing else reads it)
+            slots[op.name] = len(slots)
+            program.append((lambda vals, syms: None, []))
+            continue
+        if op is bias_add:
+            bias = next(a for a in op.args if a != mm.name)
+            gemm = torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm
+            slots[op.name] = len(slots)
+            program.append((lambda vals, syms, gemm=gemm: gemm(*vals),
+                            [(0, slots[bias]), (0, slots[mm.args[0]]), (0, slots[mm.args[1]])]))
+            continue
         operands = []
         for a in op.args:
             if isinstance(a, str):

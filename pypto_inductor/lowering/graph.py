@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 
 from ..config import Config
 from ..ir import ExternOp, OpKind, SymSpec, TensorSpec, TileGraph, TileOp, ValueRef, op_name
-from ..sizes import contiguous_strides
+from ..sizes import contiguous_strides, is_symbolic
 from .registry import LOWERINGS, Unsupported
 
 SUPPORTED_DTYPES = {
@@ -236,6 +236,11 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+    if isinstance(val, torch.SymFloat):
+        # float size arithmetic (var's backward scale 2 / (numel - correction), a dynamic
+        # correction): also a size expression, printed with sym_float / FloatTrueDiv
+        e = sym_expr(val)
+        return e if is_symbolic(e) else float(e)
     if isinstance(target, torch._ops.HigherOrderOperator):
         return _extern(ctx, node, env, "higher-order op: runs eagerly, calling its subgraphs")
     if not isinstance(target, torch._ops.OpOverload):
@@ -350,6 +355,12 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
     args = tree_map(ref, node.args)
     kwargs = tree_map(ref, dict(node.kwargs))
     val = node.meta.get("val")
+    if node.users and isinstance(val, (float, torch.SymFloat)):
+        # an extern's result is a tensor slot: a number the graph reads would reach its
+        # readers as None (a silent wrong default), so the graph runs eagerly instead
+        # (symbolic conditions, SymBool, feed only run-time asserts)
+        raise GraphNotLowerable(f"{node.name} ({reason}) gives a {type(val).__name__} "
+                                "the graph reads")
     if isinstance(val, (tuple, list)):
         outputs = [f"{node.name}_{i}" if isinstance(v, torch.Tensor) else None
                    for i, v in enumerate(val)]

@@ -104,18 +104,27 @@ _register_table(BINARY, 2)
 @register_lowering(aten.round.decimals)
 def lower_round_decimals(ctx, x, *, decimals=0):
     """ATen's round-half-even to ``decimals`` places, as ATen computes it:
-    round(x * 10**d) / 10**d, or round(x / 10**-d) * 10**-d for negative d."""
+    round(x * 10**d) / 10**d, or round(x / 10**-d) * 10**-d for negative d, in float32 for
+    float16 / bfloat16 (eager's opmath: rounding x * 10**d to half first moves ties)."""
     decimals = int(decimals)
     if decimals == 0:
         return ctx.pointwise("round", (x,))
-    if not ctx.spec(x).dtype.is_floating_point:
+    dtype = ctx.spec(x).dtype
+    if not dtype.is_floating_point:
         raise Unsupported("round with decimals of an integer tensor")
     scale = float(10 ** abs(decimals))
     pre, post = ("mul", "div") if decimals > 0 else ("div", "mul")
     spec = ctx.spec(x)
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half:
+        spec = ctx.new_spec(spec.shape, torch.float32)
+        x = ctx.emit("cast", OpKind.CAST, (x,), out=spec, dtype=torch.float32)
     scaled = ctx.pointwise(pre, (x, scale), out=spec)
     rounded = ctx.pointwise("round", (scaled,), out=spec)
-    return ctx.pointwise(post, (rounded, scale))
+    if not half:
+        return ctx.pointwise(post, (rounded, scale))
+    back = ctx.pointwise(post, (rounded, scale), out=spec)
+    return ctx.emit("cast", OpKind.CAST, (back,), dtype=dtype)
 
 
 @register_lowering(aten.add, aten.sub)
@@ -138,7 +147,13 @@ def _scaled(ctx, x, alpha):
         return x
     if not isinstance(x, str):
         return x * alpha
-    return ctx.pointwise("mul", (x, alpha), out=ctx.spec(x))
+    spec = ctx.spec(x)
+    if spec.dtype == torch.bool:
+        if ctx.out_spec.dtype == torch.bool:  # eager takes alpha as a bool here
+            return x if alpha else ctx.pointwise("mul", (x, False), out=spec)
+        spec = ctx.new_spec(spec.shape, ctx.out_spec.dtype)  # 2 * True is 2, not True
+        x = ctx.emit("cast", OpKind.CAST, (x,), out=spec, dtype=spec.dtype)
+    return ctx.pointwise("mul", (x, alpha), out=spec)
 
 
 @register_lowering(aten.gelu)

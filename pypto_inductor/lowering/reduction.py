@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import OpKind
+from ..sizes import is_symbolic
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -89,6 +90,8 @@ def lower_var(ctx, x, dims=None, unbiased=None, keepdim=False, *, correction=Non
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     spread = "std" if ctx.aten_name.startswith("std") else "var"
+    if is_symbolic(correction):  # a dynamic correction: the ATen op runs with its value
+        raise Unsupported("var/std with a correction known only at run time")
     val = ctx.node.meta["val"]
     if not ctx.aten_name.endswith("_mean"):
         return _reduce(ctx, spread, x, dims, keepdim, correction=float(correction))

@@ -20,12 +20,9 @@ from .runner import CONFIGS, repro_source, run_case
 
 SEEDS = range(1000, 1100)
 
-# Seeds failing on faults other engineers are fixing: strict, so a fix turns them red
-# until they are removed from here.
-_VAR_DYNAMIC = ("var/std backward under dynamic=True: the graph's float size arithmetic is "
-                "not lowered (tests/fuzz/repros/var_backward_dynamic.py)")
-KNOWN: dict[int, str] = {1015: _VAR_DYNAMIC, 1037: _VAR_DYNAMIC, 1087: _VAR_DYNAMIC,
-                         1093: _VAR_DYNAMIC}
+# Seeds failing on faults being fixed: strict xfails naming the repro, so a fix turns them
+# red until they are removed from here (none open).
+KNOWN: dict[int, str] = {}
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.xfail(

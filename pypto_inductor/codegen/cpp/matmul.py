@@ -155,6 +155,9 @@ def plan(tile: FusionTile, graph: TileGraph):
         k = 0  # trailing dims S shares with T
         while k < min(len(S), len(T)) and _same(S[len(S) - 1 - k], T[len(T) - 1 - k]):
             k += 1
+        if op.op == "copy_" and not (same and op.args[0] not in env):
+            # the kernel writes dst itself; a reshaped feed of it may be a copy
+            raise NotNative("an in-place write in the epilogue is not in the matmul's shape")
         args = []
         for a in op.args:
             if not isinstance(a, str):
@@ -258,9 +261,12 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
     # the epilogue's outputs are allocated in the tile's shapes (the first getter's), so the
     # runtime gets the buffers themselves, not views of them, and can pool them
     final: dict[int, object] = {}
-    for kind, idx, f in outs_spec:
-        if kind != "mm":
-            final.setdefault(idx, f)
+    if not (epi.program is not None and epi.program.writes):
+        # an in-place output (copy_ into an input) may take no buffer, so the allocation
+        # order is not the output order: those tiles keep the epilogue's own shapes
+        for kind, idx, f in outs_spec:
+            if kind != "mm":
+                final.setdefault(idx, f)
 
     epilogue = epi.fn
 
@@ -280,7 +286,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
         res = epilogue(vals, syms, allocate)
         out = []
         for kind, idx, f in outs_spec:
-            if kind != "mm" and f is final[idx]:
+            if kind != "mm" and idx in final and f is final[idx]:
                 out.append(buffers[idx])
             else:
                 t = r if kind == "mm" else res[idx]

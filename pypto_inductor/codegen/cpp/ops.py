@@ -95,6 +95,8 @@ def literal(v, dt) -> str:
 
 def number(v) -> str:
     """A C++ numeric literal of a Python number or sympy size expression (full precision)."""
+    if is_symbolic(v) and v.is_integer is not True:  # float size arithmetic
+        return f"((double)({_PRINTER.doprint(v)}))"
     if is_symbolic(v) or isinstance(v, sympy.Basic) and not isinstance(v, sympy.Float):
         return size(v)
     if isinstance(v, (bool, int)):
@@ -104,6 +106,8 @@ def number(v) -> str:
 
 def _pow(a, n):
     x, y = a
+    if not n.attrs["common"].is_floating_point and n.attrs["common"] != torch.bool:
+        return f"pi_ipow((int64_t)({x}), (int64_t)({y}))"
     e = n.args[1]
     scalar = n.args[1].value if not hasattr(e, "id") else None
     if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
@@ -229,5 +233,7 @@ def expression(n, var) -> str:
 def identity(x) -> str:
     """A reduction's identity."""
     flt = ctype(x.dtype) == "float"
+    if x.dtype == torch.bool:  # INT64_MIN would convert to true
+        return {"sum": "0", "max": "false", "min": "true"}[x.attrs["red"]]
     return {"sum": "0", "max": "-INFINITY" if flt else "INT64_MIN",
             "min": "INFINITY" if flt else "INT64_MAX"}[x.attrs["red"]]

@@ -22,6 +22,15 @@ PI_INLINE int64_t div_floor_integer(int64_t a, int64_t b) {
 }
 }
 
+// eager's integer pow: exact, wrapping like its repeated products; a negative exponent
+// gives 1 / b truncated (0 unless |b| == 1, 0 for b == 0 too)
+PI_INLINE int64_t pi_ipow(int64_t b, int64_t e) {
+  if (e < 0) return b == 1 ? 1 : b == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = (uint64_t)b;
+  for (; e; e >>= 1, x *= x) if (e & 1) r *= x;
+  return (int64_t)r;
+}
+
 PI_INLINE float pi_f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 PI_INLINE uint32_t pi_u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
