@@ -335,9 +335,13 @@ class TileSimulation:
     # split ops out.
     split_ops: list[str] = dataclasses.field(default_factory=list)
     split_parts: list[dict] = dataclasses.field(default_factory=list)
+    # options={"verify": True}: the tile's values checked in pypto's interpreter
+    # (verify.TileVerification: verified, max_abs_err, verify_error, pypto_verdicts)
+    verification: object | None = None
 
     def to_dict(self) -> dict:
-        return {
+        checked = self.verification.to_dict() if self.verification is not None else {}
+        return {**checked,
             "pypto_source": self.pypto_source,  # a split tile: its parts' modules
             "simulated_cycles_fused": self.simulated_cycles_fused,
             "simulated_cycles_unfused": self.simulated_cycles_unfused,

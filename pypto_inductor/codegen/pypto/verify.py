@@ -42,7 +42,7 @@ from .emit import PyptoEmitError, PyptoKernel, emit_tile, split_tile
 from .sim import _default_workers, _pypto_version, _tail, _worker_env, pypto_available
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
-           "verify_kernel", "verify_tiles", "verify_plan", "tolerance"]
+           "verify_kernel", "verify_kernels", "random_inputs", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
 
 DEFAULT_TIMEOUT_S = 300.0  # per kernel: the interpreter is slow on big dynamic loops
 
@@ -181,63 +181,102 @@ def _float(x) -> float | None:
         return None
 
 
-def verify_kernel(kernel: PyptoKernel, inputs: list[torch.Tensor], expected: list[torch.Tensor],
-                  per_pass: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
-                  calculator: Path | None = None) -> KernelCheck:
-    """Run ``kernel`` on ``inputs`` in pypto's interpreter (a worker process) and compare
-    its outputs with ``expected``; never raises (the reason lands in ``error``)."""
-    check = KernelCheck(kernel.name)
-    start = time.monotonic()
+def _run_worker(tmp: Path, items: list[dict], calculator: Path, per_pass: bool,
+                timeout: float) -> tuple[dict[int, dict], str]:
+    """One worker over ``items`` (kernels in order); (results by index, failure text)."""
+    first = items[0]["index"]
+    res = tmp / f"results_{first}.jsonl"
+    job = {"calculator": str(calculator), "launcher": str(Path(__file__).with_name("launcher.py")),
+           "results": str(res), "per_pass": per_pass, "items": items}
+    (tmp / f"job_{first}.json").write_text(json.dumps(job))
+    log = tmp / f"worker_{first}.log"
+    failure = ""
+    with open(log, "wb") as out:
+        try:
+            proc = subprocess.run([sys.executable, str(Path(__file__).with_name("verify_worker.py")),
+                                   str(tmp / f"job_{first}.json")],
+                                  cwd=tmp, env=_worker_env(tmp), stdout=out,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout * len(items) + 60)
+            if proc.returncode not in (0, 3):
+                failure = f"verify worker exited with code {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            failure = f"verify worker timed out ({timeout:.0f} s per kernel)"
+    done: dict[int, dict] = {}
+    if res.exists():
+        for line in res.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not rec.get("started"):
+                done[rec["index"]] = rec
+    if failure and _tail(log):
+        failure += ": " + _tail(log, 600)
+    return done, failure
+
+
+def verify_kernels(cases: list[tuple[PyptoKernel, list, list]], per_pass: bool = False,
+                   timeout: float = DEFAULT_TIMEOUT_S, calculator: Path | None = None
+                   ) -> list[KernelCheck]:
+    """Run each ``(kernel, inputs, expected outputs)`` in pypto's interpreter and compare
+    its outputs with the expected ones; one worker process for the batch (a fresh one
+    after a kernel that fails). Never raises: reasons land in ``error``."""
+    checks = [KernelCheck(k.name) for k, _, _ in cases]
+    if not cases:
+        return checks
     try:
         calculator = calculator or calculator_library()
     except VerifyUnavailable as e:
-        check.error = str(e)
-        return check
+        for c in checks:
+            c.error = str(e)
+        return checks
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pypto_verify_") as tmp:
         tmp = Path(tmp)
-        work = tmp / "work"
-        work.mkdir()
-        torch.save({"inputs": [x.contiguous() for x in inputs],
-                    "goldens": [e.detach().contiguous() for e in expected]}, tmp / "data.pt")
-        job = {"kernel": kernel.to_json(), "calculator": str(calculator),
-               "launcher": str(Path(__file__).with_name("launcher.py")),
-               "data": str(tmp / "data.pt"), "outputs": str(tmp / "outputs.pt"),
-               "result": str(tmp / "result.json"), "per_pass": per_pass,
-               # pypto's own verdicts at our tolerance (the loosest of the outputs')
-               "tol": list(max((tolerance(p.dtype) for p in kernel.outputs),
-                               default=(1e-3, 1e-4)))}
-        (tmp / "job.json").write_text(json.dumps(job))
-        log = tmp / "verify.log"
-        worker = Path(__file__).with_name("verify_worker.py")
-        with open(log, "wb") as out:
-            try:
-                proc = subprocess.run([sys.executable, str(worker), str(tmp / "job.json")],
-                                      cwd=work, env=_worker_env(tmp), stdout=out,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      timeout=timeout)
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = None
-        check.pypto_verdicts = _read_verdicts(work)
-        check.seconds = round(time.monotonic() - start, 3)
-        try:
-            result = json.loads((tmp / "result.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            result = {"error": (f"verify worker timed out after {timeout:.0f} s" if rc is None
-                                else f"verify worker exited with code {rc}")
-                      + (": " + _tail(log, 600) if _tail(log) else "")}
-        if result.get("error"):
-            check.error = result["error"]
-            return check
-        outs = torch.load(tmp / "outputs.pt")
-    oks, errs = [], []
-    for o, e in zip(outs, expected):
-        ok, err = _compare(o, e)
-        oks.append(ok)
-        errs.append(err)
-    check.verified = all(oks)
-    check.max_abs_err = max(errs) if errs else 0.0
-    return check
+        items = []
+        for i, (kernel, inputs, expected) in enumerate(cases):
+            torch.save({"inputs": [x.contiguous() for x in inputs],
+                        "goldens": [e.detach().contiguous() for e in expected]},
+                       tmp / f"data_{i}.pt")
+            items.append({"index": i, "dir": f"k{i}", "kernel": kernel.to_json(),
+                          "data": str(tmp / f"data_{i}.pt"), "outputs": str(tmp / f"out_{i}.pt"),
+                          # pypto's own verdicts at our tolerance (the loosest output's)
+                          "tol": list(max((tolerance(p.dtype) for p in kernel.outputs),
+                                          default=(1e-3, 1e-4)))})
+        pending = items
+        while pending:
+            done, failure = _run_worker(tmp, pending, calculator, per_pass, timeout)
+            for item in pending:
+                rec = done.get(item["index"])
+                if rec is not None:
+                    checks[item["index"]].error = rec.get("error")
+            ran = [i for i, item in enumerate(pending) if item["index"] in done]
+            if not ran:  # the worker died on the first kernel: record it, go on after it
+                checks[pending[0]["index"]].error = failure or "verify worker produced no result"
+                ran = [0]
+            elif failure and len(ran) < len(pending):
+                nxt = pending[max(ran) + 1]  # the kernel the worker died on
+                checks[nxt["index"]].error = failure
+                ran.append(max(ran) + 1)
+            pending = pending[max(ran) + 1:]
+        elapsed = time.monotonic() - start
+        for item, check, (kernel, _inputs, expected) in zip(items, checks, cases):
+            check.seconds = round(elapsed / len(cases), 3)
+            check.pypto_verdicts = _read_verdicts(tmp / item["dir"])
+            if check.error is not None:
+                continue
+            outs = torch.load(item["outputs"])
+            oks, errs = zip(*(_compare(o, e) for o, e in zip(outs, expected))) if outs else ((), ())
+            check.verified = all(oks)
+            check.max_abs_err = max(errs) if errs else 0.0
+    return checks
+
+
+def verify_kernel(kernel: PyptoKernel, inputs: list, expected: list, per_pass: bool = False,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> KernelCheck:
+    """:func:`verify_kernels` for one kernel."""
+    return verify_kernels([(kernel, inputs, expected)], per_pass, timeout)[0]
 
 
 # --- tiles -------------------------------------------------------------------------------
@@ -267,19 +306,27 @@ def tile_kernels(tile: FusionTile, graph: TileGraph) -> list[tuple[FusionTile, P
         return [(part, emit_tile(part, graph, run_mode="SIM")) for part in split.parts]
 
 
-def _check(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int,
-           per_pass: bool, timeout: float, calculator: Path) -> KernelCheck:
+def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int):
+    """(kernel, random inputs, the reference executor's outputs on them)."""
     inputs = random_inputs(kernel, seed)
     syms = tuple(graph.hint(s) for s in graph.symbols)
-    expected = reference.build(tile, graph).fn(inputs, syms)
-    return verify_kernel(kernel, inputs, list(expected), per_pass, timeout, calculator)
+    return kernel, inputs, list(reference.build(tile, graph).fn(inputs, syms))
 
 
 def verify_tiles(tiles: list[FusionTile], graph: TileGraph, seed: int = 0,
                  per_pass: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
                  workers: int | None = None) -> dict[str, TileVerification]:
     """Value-check every tile's pypto kernels; never raises (reasons in verify_error)."""
-    out = {t.name: TileVerification(t.name) for t in tiles}
+    return verify_graphs([(tiles, graph)], seed, per_pass, timeout, workers)
+
+
+def verify_graphs(groups: list[tuple[list[FusionTile], TileGraph]], seed: int = 0,
+                  per_pass: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                  workers: int | None = None) -> dict[str, TileVerification]:
+    """:func:`verify_tiles` over tiles of several graphs in one batch (tile names must be
+    unique across them, as the planner's are)."""
+    tiles = [(t, g) for ts, g in groups for t in ts]
+    out = {t.name: TileVerification(t.name) for t, _ in tiles}
     if not pypto_available():
         for v in out.values():
             v.verify_error = "pypto is not installed (pip install 'pypto-inductor[pypto]')"
@@ -290,21 +337,24 @@ def verify_tiles(tiles: list[FusionTile], graph: TileGraph, seed: int = 0,
         for v in out.values():
             v.verify_error = f"not verified: {e}"
         return out
-    jobs = []
-    for tile in tiles:
+    owners, cases = [], []
+    for tile, graph in tiles:
         try:
             for part, kernel in tile_kernels(tile, graph):
-                jobs.append((tile.name, part, kernel))
+                cases.append(_case(part, graph, kernel, seed))
+                owners.append(tile.name)
         except Exception as e:  # noqa: BLE001
             out[tile.name].verify_error = f"emit failed: {type(e).__name__}: {e}"
-    with ThreadPoolExecutor(max_workers=workers or _default_workers()) as pool:
-        futures = [(name, pool.submit(_check, part, graph, kernel, seed, per_pass, timeout,
-                                      calculator)) for name, part, kernel in jobs]
-        for name, fut in futures:
-            try:
-                out[name].kernels.append(fut.result())
-            except Exception as e:  # noqa: BLE001
-                out[name].kernels.append(KernelCheck(name, error=f"{type(e).__name__}: {e}"))
+    # the batch in ``workers`` worker processes, each over a contiguous share
+    n = max(1, min(workers or _default_workers(), len(cases)))
+    shares = [list(range(len(cases)))[i * len(cases) // n:(i + 1) * len(cases) // n]
+              for i in range(n)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(verify_kernels, [cases[i] for i in share], per_pass, timeout,
+                               calculator) for share in shares]
+        for share, fut in zip(shares, futures):
+            for i, check in zip(share, fut.result()):
+                out[owners[i]].kernels.append(check)
     for v in out.values():
         if v.verify_error or not v.kernels:
             v.verify_error = v.verify_error or "no pypto kernel"

@@ -1,12 +1,13 @@
 """The host-value worker: runs one pypto kernel through pypto's host interpreter.
 
 Run by :mod:`.verify` as ``python verify_worker.py JOB``. ``JOB`` (JSON) names the
-kernel (``PyptoKernel.to_json()``), the calculator library, the launcher module
-(loaded by path, as :mod:`.sim_worker` does), a ``torch.save`` file with the
-inputs and goldens, where to save the outputs and the result, and whether to
-run pypto's per-pass checks. One kernel per process: pypto writes its
-``verify_result_brief.csv`` only when the process exits, and keeps parser
-state after a failed kernel.
+calculator library, the launcher module (loaded by path, as :mod:`.sim_worker`
+does), a JSON-lines results file, whether to run pypto's per-pass checks, and
+the kernels (``PyptoKernel.to_json()``), each with its folder, a ``torch.save``
+file of inputs and goldens and where to save its outputs. pypto writes its
+``verify_result_brief.csv`` files only when the process exits (the caller reads
+them then); after a failed kernel the worker exits with code 3 (pypto keeps
+parser state) and the caller starts a fresh one for the rest.
 
 Why the patch below: in jit mode pypto registers "host copies" of the kernel's
 arguments for its interpreter with ``CopyToHost``, which does nothing without an
@@ -57,29 +58,42 @@ def main(job_path: str) -> None:
     from pypto._utils import BuildOnlineManager
     BuildOnlineManager().calculator_loaded = True
     _register_host_tensors()
-    opts = {"enable_pass_verify": True, "pass_verify_error_tol": job["tol"]}
-    if not job["per_pass"]:
-        opts["pass_verify_pass_filter"] = []  # the whole-tensor graph only
-    pypto.set_verify_options(**opts)
     launcher_module = _load_launcher(job["launcher"])
-    data = torch.load(job["data"])
-    out = {}
-    try:
-        launcher = launcher_module.PyptoLauncher.load(job["kernel"], os.getcwd())
-        if data.get("goldens") is not None:  # pypto's own verdict against our reference
+    base = os.getcwd()
+    results = open(job["results"], "a", buffering=1)
+    for item in job["items"]:
+        work = os.path.join(base, item["dir"])
+        os.makedirs(work, exist_ok=True)
+        results.write(json.dumps({"index": item["index"], "started": True}) + "\n")
+        opts = {"enable_pass_verify": True, "pass_verify_error_tol": item["tol"]}
+        if not job["per_pass"]:
+            opts["pass_verify_pass_filter"] = []  # the whole-tensor graph only
+        pypto.set_verify_options(**opts)
+        data = torch.load(item["data"])
+        out = {"index": item["index"]}
+        try:
+            os.chdir(work)
+            launcher = launcher_module.PyptoLauncher.load(item["kernel"], work)
+            # pypto's own verdict against our reference output as the golden
             pypto.set_verify_golden_data(goldens=[None] * len(data["inputs"]) + [
                 g.to(getattr(torch, p["dtype"])).contiguous().reshape(
                     [int(d) for d in p["shape"]])
                 for g, p in zip(data["goldens"], launcher.outputs)])
-        outs = launcher(data["inputs"])
-        torch.save([o.clone() for o in outs], job["outputs"])
-    except BaseException as e:  # noqa: BLE001 - reported to the caller
-        text = "".join(traceback.format_exception_only(type(e), e))
-        lines = [line for line in text.splitlines()
-                 if line.strip() and not re.search(r"\+0x[0-9a-f]+\)", line)]
-        out["error"] = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines[:8]))[:1500]
-    with open(job["result"], "w") as f:
-        json.dump(out, f)
+            outs = launcher(data["inputs"])
+            torch.save([o.clone() for o in outs], item["outputs"])
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            text = "".join(traceback.format_exception_only(type(e), e))
+            lines = [line for line in text.splitlines()
+                     if line.strip() and not re.search(r"\+0x[0-9a-f]+\)", line)]
+            out["error"] = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines[:8]))[:1500]
+        finally:
+            os.chdir(base)
+        results.write(json.dumps(out) + "\n")
+        if "error" in out:  # pypto keeps parser state after a failure: a fresh worker goes on
+            results.close()
+            sys.stdout.flush()
+            sys.exit(3)
+    results.close()
 
 
 if __name__ == "__main__":
