@@ -115,3 +115,77 @@ def test_no_cmake_gives_a_reason_not_an_exception(tmp_path, monkeypatch):
     checks = verify.verify_plan(plan)
     for c in checks.values():
         assert c.verified is None and "cmake" in c.verify_error
+
+
+# --- every dtype and epilogue the CPU target fuses: compiles, simulates, verifies -------
+import torch.nn.functional as F  # noqa: E402
+
+from pypto_inductor.codegen.pypto import sim as pypto_sim  # noqa: E402
+from pypto_inductor.codegen.pypto import writer as pypto_writer  # noqa: E402
+
+EPILOGUES = {
+    "gelu_erf": lambda a, w, b, r: F.gelu(a @ w + b),
+    "gelu_tanh": lambda a, w, b, r: F.gelu(a @ w + b, approximate="tanh"),
+    "silu": lambda a, w, b, r: F.silu(a @ w + b),
+    "residual": lambda a, w, b, r: torch.relu(a @ w + b) + r,
+}
+UB_REJECTED = ("MEM_UB", "Run pass failed")
+
+
+def _epilogue_inputs(m, k, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).to(dtype) for s in ((m, k), (k, n), (n,), (m, n))]
+
+
+def _emit_all(plans):
+    return [(t, p.graph, emit_tile(t, p.graph)) for p in plans for t in p.tiles]
+
+
+@pytest.fixture(scope="module")
+def epilogue_runs():
+    """fp16/bf16 x every epilogue at 256x128 @ 128x256 (the shape pypto once rejected),
+    fused as the CPU target fuses them (hardware "host": on ascend-a2 the ROI keeps
+    silu and residual epilogues apart): [(case, tile, kernel, simulation, value check)]."""
+    groups, emitted = [], []
+    for dtype in (torch.float16, torch.bfloat16):
+        for name, fn in EPILOGUES.items():
+            plans = _plan(fn, *_epilogue_inputs(256, 128, 256, dtype), hardware="host")
+            groups += [(p.tiles, p.graph) for p in plans]
+            emitted += [(f"{name}/{dtype}", *e) for e in _emit_all(plans)]
+    sims = pypto_sim.simulate_kernels([k for *_, k in emitted])
+    checks = verify.verify_graphs(groups)
+    return [(case, t, k, s, checks[t.name]) for (case, t, _g, k), s in zip(emitted, sims)]
+
+
+def test_half_matmul_epilogues_compile_simulate_and_verify(epilogue_runs):
+    cases = {case for case, *_ in epilogue_runs}
+    assert len(cases) == 2 * len(EPILOGUES)
+    fused = [t for _c, t, *_ in epilogue_runs if {"matmul", "add"} <= {op.op for op in t.ops}]
+    assert len(fused) == len(cases), "each epilogue fuses into its matmul"
+    for case, tile, kernel, sim, check in epilogue_runs:
+        assert sim.ok, f"{case} {tile.name} {kernel.vec_tile}: {sim.error}"
+        assert check.verified is True, (case, tile.name, check.max_abs_err, check.verify_error)
+
+
+def test_fp16_gelu_epilogue_tile_fits_ub(epilogue_runs):
+    """The issue's case: fp16 gelu(a @ b + bias), 256x128 @ 128x256, was emitted at a
+    256x128 vector tile that pypto rejected (2 x 128 KiB fp32 > 192 KiB UB)."""
+    from pypto_inductor.codegen.pypto.tiling import vec_footprint
+    (kernel,) = [k for case, t, k, *_ in epilogue_runs
+                 if case == f"gelu_erf/{torch.float16}" and any(op.op == "matmul" for op in t.ops)]
+    assert vec_footprint(kernel.vec_tile, 3) <= 192 * 1024, kernel.vec_tile
+
+
+def test_a_tile_pypto_rejects_is_retried_smaller(tmp_path, monkeypatch):
+    """Under-count the UB buffers so the first emission is too big: pypto rejects it,
+    the simulator shrinks the vector tile and retries, and the report says so."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pypto_writer, "vec_operands", lambda tile: 1)
+    (plan,) = _plan(lambda a, w, b: F.gelu(a @ w + b),
+                    *_epilogue_inputs(256, 128, 256, torch.float16)[:3])
+    (tile,) = [t for t in plan.tiles if any(op.op == "matmul" for op in t.ops)]
+    sim = pypto_sim.simulate_tiles([tile], plan.graph)[tile.name]
+    assert sim.ub_retries and "retried at" in sim.ub_retries[0], sim.ub_retries
+    assert sim.ub_retries[-1].endswith("ok"), sim.ub_retries
+    assert sim.simulated_cycles_fused and sim.to_dict()["ub_retries"]
