@@ -189,3 +189,36 @@ def test_a_tile_pypto_rejects_is_retried_smaller(tmp_path, monkeypatch):
     assert sim.ub_retries and "retried at" in sim.ub_retries[0], sim.ub_retries
     assert sim.ub_retries[-1].endswith("ok"), sim.ub_retries
     assert sim.simulated_cycles_fused and sim.to_dict()["ub_retries"]
+
+
+# --- property: every tile the planner calls legal for ascend-a2 compiles in pypto ----------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SHAPE_FNS = {
+    "matmul_gelu": (lambda m, k, n: [(m, k), (k, n), (n,)], lambda a, w, b: F.gelu(a @ w + b)),
+    "matmul_residual": (lambda m, k, n: [(m, k), (k, n), (m, n)],
+                        lambda a, w, r: torch.relu(a @ w) + r),
+    "layer_norm_silu": (lambda m, k, n: [(m, n), (n,)],
+                        lambda x, w: F.silu(F.layer_norm(x, (x.shape[-1],), w))),
+    "softmax_where": (lambda m, k, n: [(m, n), (m, n)],
+                      lambda x, y: torch.where(x > y, torch.softmax(x, -1), y)),
+}
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(sorted(SHAPE_FNS)), m=st.sampled_from([16, 48, 128, 256, 1024]),
+       k=st.sampled_from([64, 128, 256]), n=st.sampled_from([64, 256, 512, 1024]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_planner_legal_tiles_compile_in_pypto(kind, m, k, n, dtype):
+    shapes, fn = SHAPE_FNS[kind]
+    inputs = [torch.randn(*s).to(dtype) for s in shapes(m, k, n)]
+    plans = _plan(fn, *inputs)
+    legal = [(t, p.graph) for p in plans for t in p.tiles
+             if int(t.footprint_bytes) <= int(t.capacity_bytes)]
+    kernels = [emit_tile(t, g) for t, g in legal]
+    for kernel, r in zip(kernels, pypto_sim.simulate_kernels(kernels)):
+        assert not any(s in (r.error or "") for s in UB_REJECTED), \
+            f"{kind} {m}x{k}x{n} {dtype} {kernel.vec_tile}: {r.error}"
+        assert r.ok, r.error
