@@ -104,6 +104,19 @@ def test_report_verify_fills_tile_fields(tmp_path, monkeypatch):
     assert d["summary"]["tiles_verify_failed"] == 0
 
 
+def test_bool_counts_and_infinities_verify():
+    """Found by verify on gpt2's loss: a sum over a bool mask counted 1 instead of 32
+    (pypto summed it as a bool; it is cast to fp32 first now), and -inf outputs (the
+    attention mask) must compare equal to the reference's -inf."""
+    def fn(x, labels):
+        valid = labels != -100
+        return torch.where(x > 0, 0.0, float("-inf")), valid.sum(-1, keepdim=True).float() + x
+    x, labels = torch.randn(32, 64), torch.randint(-1, 3, (32, 64))
+    (plan,) = _plan(fn, x, labels)
+    checks = verify.verify_plan(plan)
+    assert checks and all(c.verified is True for c in checks.values()), checks
+
+
 def test_no_cmake_gives_a_reason_not_an_exception(tmp_path, monkeypatch):
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path))  # no library built here
     real_which = shutil.which

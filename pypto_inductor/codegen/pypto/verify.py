@@ -153,10 +153,11 @@ def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
         rtol, atol = tolerance(out.dtype)
         o, r = out.double(), ref.double()
         both_nan = torch.isnan(o) & torch.isnan(r)
-        diff = torch.where(both_nan, torch.zeros_like(o), (o - r).abs())
+        same = both_nan | (o == r)  # equal infinities too (o - r would be nan)
+        diff = torch.where(same, torch.zeros_like(o), (o - r).abs())
         diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
         err = float(diff.max()) if diff.numel() else 0.0
-        ok = bool((diff <= atol + rtol * r.abs().nan_to_num(0.0)).all())
+        ok = bool((diff <= atol + rtol * r.abs().nan_to_num(0.0, posinf=0.0)).all())
         return ok, err
     err = float((out.long() - ref.long()).abs().max()) if out.numel() else 0.0
     return err == 0.0, err
