@@ -16,6 +16,7 @@ import torch
 from .backend import pypto_backend
 from .calibrate import hardware_model
 from .codegen.pypto.sim import simulate_plan
+from .codegen.pypto.verify import verify_plan
 from .config import parse_options
 from .progress import Progress
 from .report import FusionReport, GraphReport, collect, measured_total
@@ -41,12 +42,16 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
                                    dataclasses.replace(config, fusion=False, simulate=False),
                                    backward, dynamic, calls)
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
-    if config.simulate:
+    if config.simulate or config.verify:  # verify implies simulate
         planned = [g for g in graphs if g.plan is not None]
         with Progress(sum(len(g.plan.tiles) for g in planned), "simulating") as bar:
             for graph_report in planned:
                 graph_report.simulation = simulate_plan(graph_report.plan,
                                                         buffering=config.buffering, progress=bar)
+                if config.verify:  # values: every pypto kernel run in pypto's interpreter
+                    for name, check in verify_plan(graph_report.plan).items():
+                        if name in graph_report.simulation:
+                            graph_report.simulation[name].verification = check
     rep = FusionReport(graphs, target=config.target, hardware=hw)
     if unfused is not None:
         rep.measured_us_unfused = measured_total([g.to_dict() for g in unfused])

@@ -54,6 +54,7 @@ class Config:
     buffering: int = 2  # double buffering: each live tile buffer is allocated twice
     profile: bool = False
     simulate: bool = False
+    verify: bool = False  # with simulate: each pypto kernel's values checked in pypto's interpreter
     keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
 
     def __post_init__(self):  # a Config built directly gets the numeric checks too
@@ -67,7 +68,7 @@ class Config:
     def hardware_name(self) -> str:
         if self.hardware is not None:
             return self.hardware
-        return "ascend-a2" if self.target == "npu" or self.simulate else "host"
+        return "ascend-a2" if self.target == "npu" or self.simulate or self.verify else "host"
 
     def forced_fallback(self, op_name: str) -> bool:
         """True when ``op_name`` (e.g. "aten.gelu.default") is listed in fallback_ops.
@@ -154,7 +155,7 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value
-        elif key in ("fusion", "fuse_attention", "profile", "simulate", "keep_buffers"):
+        elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "keep_buffers"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

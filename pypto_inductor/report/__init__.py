@@ -81,7 +81,7 @@ class GraphReport:
                     "pypto_source": None, "simulated_cycles_fused": None,
                     "simulated_cycles_unfused": None, "pto_ir_path": None,
                     "perfetto_trace_path": None, "simulation_error": "not simulated",
-                    "split_ops": []})
+                    "split_ops": [], "verified": None})
             if tile.name in measured:
                 entry["measured_us"] = round(measured[tile.name], 3)
                 entry["measured_GBps"] = round(tile.gm_bytes / max(measured[tile.name], 1e-3) / 1e3,
@@ -273,9 +273,13 @@ def _simulated_summary(graphs: list[dict]) -> dict:
                 failures += 1
                 continue
             fused, unfused = fused + f, unfused + u
+    checked = [t.get("verified") for g in graphs for t in g["fusion_tiles"] if "verified" in t]
     return {"simulated_cycles_fused": fused, "simulated_cycles_unfused": unfused,
             "simulated_speedup": round(unfused / fused, 3) if fused else None,
-            "simulation_failures": failures}
+            "simulation_failures": failures,
+            # options={"verify": True}: tiles whose pypto kernels matched the reference
+            **({"tiles_verified": checked.count(True), "tiles_verify_failed": checked.count(False),
+                "tiles_not_verified": checked.count(None)} if checked else {})}
 
 
 def _hardware_dict(hw) -> dict:

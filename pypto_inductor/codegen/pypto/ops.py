@@ -417,7 +417,19 @@ def _reduction(fn: str):
     return emit
 
 
-register("sum")(_reduction("sum"))
+@register("sum")
+def _sum(em: Writer, op: TileOp):
+    x, dim, _ = _reduce_setup(em, op)
+    src = em.dtype.get(op.args[0]) if isinstance(op.args[0], str) else None
+    if src is not None and not src.is_floating_point:
+        # pypto sums a bool tile as a bool (a count of 32 came out as 1): count in fp32
+        x = em.tmp(f"pypto.cast({x}, {em.dt(torch.float32)})")
+        out = _float_out(em, op)  # an integer count stays fp32 here, cast on use / store
+        return em.tmp(f"pypto.sum({x}, {dim}, True)"), (out if out.is_floating_point
+                                                         else torch.float32)
+    return em.tmp(f"pypto.sum({x}, {dim}, True)"), _float_out(em, op)
+
+
 register("amax")(_reduction("amax"))
 register("amin")(_reduction("amin"))
 # No "prod": pypto.prod emits ROWPROD_SINGLE, which pypto 0.2.0's simulator rejects

@@ -350,9 +350,18 @@ class TileSimulation:
     # split ops out.
     split_ops: list[str] = dataclasses.field(default_factory=list)
     split_parts: list[dict] = dataclasses.field(default_factory=list)
+    # options={"verify": True}: the tile's values checked in pypto's interpreter
+    # (verify.TileVerification: verified, max_abs_err, verify_error, pypto_verdicts)
+    verification: object | None = None
+    # fused kernels pypto rejected at their vector tile and re-emitted smaller (what, and
+    # whether the retry compiled)
+    ub_retries: list[str] = dataclasses.field(default_factory=list)
+    vec_tile: list | None = None  # the fused kernel's tiling (a split tile: its first part's)
+    cube_tile: list | None = None
 
     def to_dict(self) -> dict:
-        return {
+        checked = self.verification.to_dict() if self.verification is not None else {}
+        return {**checked,
             "pypto_source": self.pypto_source,  # a split tile: its parts' modules
             "simulated_cycles_fused": self.simulated_cycles_fused,
             "simulated_cycles_unfused": self.simulated_cycles_unfused,
@@ -362,6 +371,8 @@ class TileSimulation:
             "simulation_error": self.simulation_error,
             "split_ops": list(self.split_ops),
             "split_parts": [dict(p) for p in self.split_parts] or None,
+            "ub_retries": list(self.ub_retries) or None,
+            "vec_tile": self.vec_tile, "cube_tile": self.cube_tile,
         }
 
 
@@ -452,14 +463,19 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
         plans.append((tile, fused, split, singles, errors, slots))
     results = simulate_kernels(kernels, timeout=timeout,
                                on_result=_tile_progress(plans, progress) if progress else None)
+    retries = _retry_smaller(plans, kernels, results, graph, timeout)
     out: dict[str, TileSimulation] = {}
     for tile, fused, split, singles, errors, slots in plans:
         sim = TileSimulation(tile.name)
+        sim.ub_retries = retries.get(tile.name, [])
         errors = list(errors)
         if split is not None:
             sim.split_ops = [op.op for op in split.split_ops]
         if fused:
             sim.pypto_source = "\n\n".join(k.source for _, k in fused)
+            first = fused[0][1]
+            sim.vec_tile = list(first.vec_tile) if first.vec_tile else None
+            sim.cube_tile = [list(x) for x in first.cube_tile] if first.cube_tile else None
             total: int | None = 0
             for part, k in fused:
                 r = results[slots[("fused", part.name)]]
@@ -501,6 +517,55 @@ def _tile_progress(plans: list, progress):
         if finished:
             progress.update(1)
     return on_result
+
+
+MAX_SHRINK = 3  # halvings of a vector tile pypto rejected before giving up
+_UB_REJECTED = re.compile(r"exceeds MEM_UB|MEM_UB size|Run pass failed")
+
+
+def _retry_smaller(plans: list, kernels: list, results: list, graph: TileGraph,
+                   timeout: float) -> dict[str, list[str]]:
+    """Fused kernels pypto rejected at their vector tile (its UB check, "Run pass failed")
+    re-emitted with the tile halved, up to MAX_SHRINK times; ``plans``, ``kernels`` and
+    ``results`` are updated in place. Returns tile name -> what was retried."""
+    notes: dict[str, list[str]] = {}
+    for shrink in range(1, MAX_SHRINK + 1):
+        redo = []  # (plan index, position in its fused list, slot, part)
+        for p, (tile, fused, *_rest, slots) in enumerate(plans):
+            for j, (part, k) in enumerate(fused):
+                i = slots[("fused", part.name)]
+                r = results[i]
+                if r.error and _UB_REJECTED.search(r.error) and k.vec_tile is not None:
+                    redo.append((p, j, i, part))
+        if not redo:
+            break
+        again = []
+        for p, j, i, part in redo:
+            old = kernels[i]
+            try:
+                k = emit_tile(part, graph, run_mode="SIM", shrink=shrink)
+            except Exception:  # noqa: BLE001 - keep the first failure
+                continue
+            if k.vec_tile == old.vec_tile:
+                continue
+            notes.setdefault(plans[p][0].name, []).append(
+                f"{part.name}: pypto rejected vector tile {tuple(old.vec_tile)} "
+                f"({_first_line(results[i].error)}); retried at {tuple(k.vec_tile)}")
+            again.append((p, j, i, part, k))
+        if not again:
+            break
+        for (p, j, i, part, k), r in zip(again, simulate_kernels([a[4] for a in again],
+                                                                 timeout=timeout)):
+            kernels[i] = k
+            results[i] = r
+            plans[p][1][j] = (part, k)
+            notes[plans[p][0].name][-1] += ": " + ("ok" if r.ok else "rejected again")
+    return notes
+
+
+def _first_line(text: str | None) -> str:
+    m = re.search(r"[^\n]*(MEM_UB|Run pass failed)[^\n]*", text or "")
+    return (m.group(0) if m else (text or "").split("\n")[0]).strip()[:160]
 
 
 def record_unfused(sim: "TileSimulation", singles: list, slots: dict, results: list,

@@ -34,13 +34,13 @@ from .layout import TileLayout
 from .ops import OPS, tensor_operands
 from .rows import DIM as ROW_DIM
 from .rows import RowLoop, view
-from .tiling import cube_tile, vec_tile
+from .tiling import cube_tile, vec_operands, vec_tile
 
 
 class KernelWriter:
     """Writes one FusionTile's kernel; the op handlers call its helpers."""
 
-    def __init__(self, tile: FusionTile, graph: TileGraph, hw: HardwareModel):
+    def __init__(self, tile: FusionTile, graph: TileGraph, hw: HardwareModel, shrink: int = 0):
         self.tile, self.graph, self.hw = tile, graph, hw
         self.layout = TileLayout(tile, graph)
         self.lines: list[str] = []
@@ -56,7 +56,7 @@ class KernelWriter:
             raise PyptoEmitError(tile.ops[0].op, "float64 (pypto has no fp64 arithmetic)")
         strict_half = tile.dtype == "float16"
         self.compute = torch.float16 if strict_half else torch.float32
-        self.vec = vec_tile(self.layout, tuple(tile.tile_shape), hw)
+        self.vec = vec_tile(self.layout, tuple(tile.tile_shape), hw, vec_operands(tile), shrink)
         self.loop = None  # dynamic rows: the loop over row tiles
         self.columns = None  # dynamic columns: passes over column chunks
         if self.layout.dynamic:
@@ -314,13 +314,15 @@ def match_rms_norm(tile: FusionTile, em: KernelWriter) -> tuple[dict[str, tuple[
 
 
 def emit_tile(tile: FusionTile, graph: TileGraph, run_mode: str = "SIM",
-              hw: HardwareModel | None = None) -> PyptoKernel:
+              hw: HardwareModel | None = None, shrink: int = 0) -> PyptoKernel:
     """The pypto kernel module of one FusionTile; raises PyptoEmitError naming the op.
 
     ``hw``: the device's hardware model for the tiling (default: Ascend A2, the device
-    pypto 0.2.0 compiles for)."""
+    pypto 0.2.0 compiles for); ``shrink``: halve the vector tile that many more times
+    (a retry after pypto rejected it)."""
     if run_mode not in ("SIM", "NPU"):
         raise ValueError(f"run_mode must be 'SIM' or 'NPU', got {run_mode!r}")
     if not tile.ops:
         raise PyptoEmitError(tile.name, "an empty FusionTile")
-    return KernelWriter(tile, graph, hw or ascend_a2()).write(kernel_name(tile.name), run_mode)
+    return KernelWriter(tile, graph, hw or ascend_a2(), shrink).write(kernel_name(tile.name),
+                                                                      run_mode)

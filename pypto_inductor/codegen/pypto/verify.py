@@ -1,0 +1,381 @@
+"""Host value checks: emitted pypto kernels run on real inputs by pypto's interpreter.
+
+pypto's SIM mode computes no values, but pypto 0.2.0 carries a host interpreter
+for precision debugging ("pass verify"): it runs the kernel's program with a
+torch-based op library (the "calculator", C++ built with cmake from
+``pypto/lib/calculator``) and writes the results into the kernel's output
+buffers once the host tensors are registered (:mod:`.verify_worker`). Here
+every pypto kernel of a FusionTile (one, or one per part of a split tile) runs
+on seeded random inputs and is compared with the reference executor
+(:mod:`..reference`, the test oracle) on the same inputs.
+
+- :func:`calculator_library` builds the calculator once per pypto/torch version
+  into the cache directory, under a file lock (concurrent processes wait for
+  one build); it raises :class:`VerifyUnavailable` naming what is missing
+  (cmake, a C++ compiler) or the build's error.
+- :func:`verify_tiles` returns a :class:`TileVerification` per tile:
+  ``verified`` (True/False, or None with ``verify_error`` when the kernel could
+  not run), ``max_abs_err`` and pypto's own verdicts (``verify_result_brief.csv``:
+  per pass, against our reference output as the golden).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from ...config import cache_dir
+from ...ir import FusionTile, TileGraph
+from .. import reference
+from .emit import PyptoEmitError, PyptoKernel, emit_tile, split_tile
+from .sim import _default_workers, _pypto_version, _tail, _worker_env, pypto_available
+
+__all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
+           "verify_kernel", "verify_kernels", "random_inputs", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
+
+DEFAULT_TIMEOUT_S = 300.0  # per kernel: the interpreter is slow on big dynamic loops
+
+
+class VerifyUnavailable(RuntimeError):
+    """pypto's host interpreter cannot run here (no cmake, no compiler, a failed build)."""
+
+
+# --- the calculator library ------------------------------------------------------------
+def _calculator_source() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("pypto")
+    if spec is None or not spec.submodule_search_locations:
+        raise VerifyUnavailable("pypto is not installed (pip install 'pypto-inductor[pypto]')")
+    src = Path(list(spec.submodule_search_locations)[0], "lib", "calculator")
+    if not (src / "CMakeLists.txt").is_file():
+        raise VerifyUnavailable(f"pypto's calculator sources are missing ({src})")
+    return src
+
+
+def calculator_library() -> Path:
+    """pypto's calculator library, built once per pypto/torch version into the cache."""
+    from filelock import FileLock
+    torch_root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    key = hashlib.sha256(f"{_pypto_version()}|{torch.__version__}|{abi}|{torch_root}"
+                         .encode()).hexdigest()[:16]
+    root = cache_dir("pypto_calculator", key)
+    lib = root / "libtile_fwk_calculator.so"
+    if lib.is_file():
+        return lib
+    src = _calculator_source()
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise VerifyUnavailable("cmake is not installed: pypto's host interpreter needs it to "
+                                "build its calculator library")
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "c++"), "c++", "g++", "clang++")):
+        raise VerifyUnavailable("no C++ compiler (c++, g++ or clang++): pypto's host "
+                                "interpreter needs one to build its calculator library")
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if lib.is_file():  # another process built it while we waited
+            return lib
+        with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+            build = Path(tmp, "build")
+            steps = [[cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                      f"-DPY3_MOD_TORCH_VERSION={torch.__version__}",
+                      f"-DPY3_MOD_TORCH_ROOT_PATH={torch_root}",
+                      f"-DPY3_MOD_TORCH_C_GLIBCXX_USE_CXX11_ABI={abi}"],
+                     [cmake, "--build", str(build), "-j", str(_default_workers())]]
+            for cmd in steps:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise VerifyUnavailable(
+                        f"building pypto's calculator library failed ({' '.join(cmd[:2])}): "
+                        + (proc.stderr or proc.stdout)[-800:])
+            built = build / "libtile_fwk_calculator.so"
+            if not built.is_file():
+                raise VerifyUnavailable(f"cmake built no {built.name}")
+            shutil.copyfile(built, Path(tmp, built.name))
+            os.replace(Path(tmp, built.name), lib)  # atomic: readers see all of it or nothing
+    return lib
+
+
+# --- one kernel ---------------------------------------------------------------------------
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) of a kernel output against the reference, by the output's dtype.
+
+    Kernels compute in fp32 (fp16 under dtype_policy "strict") with pypto's own
+    transcendental approximations; a wrong kernel is off by O(1)."""
+    if dtype == torch.float16:
+        return 1e-2, 1e-2
+    if dtype == torch.bfloat16:
+        return 2e-2, 2e-2
+    if dtype.is_floating_point:
+        return 1e-3, 1e-4
+    return 0.0, 0.0
+
+
+@dataclasses.dataclass
+class KernelCheck:
+    kernel: str
+    verified: bool | None = None
+    max_abs_err: float | None = None
+    error: str | None = None
+    pypto_verdicts: list = dataclasses.field(default_factory=list)  # verify_result_brief.csv
+    seconds: float = 0.0
+
+
+def random_inputs(kernel: PyptoKernel, seed: int) -> list[torch.Tensor]:
+    """Seeded random inputs of the kernel's graph shapes and dtypes."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for p in kernel.inputs:
+        shape = tuple(int(s) for s in p.graph_shape)
+        if p.dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=gen).to(p.dtype))
+        elif p.dtype == torch.bool:
+            out.append(torch.rand(shape, generator=gen) > 0.5)
+        else:
+            out.append(torch.randint(-8, 9, shape, generator=gen).to(p.dtype))
+    return out
+
+
+def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
+    ref = ref.reshape(out.shape)
+    if ref.dtype.is_floating_point or out.dtype.is_floating_point:
+        rtol, atol = tolerance(out.dtype)
+        o, r = out.double(), ref.double()
+        both_nan = torch.isnan(o) & torch.isnan(r)
+        same = both_nan | (o == r)  # equal infinities too (o - r would be nan)
+        diff = torch.where(same, torch.zeros_like(o), (o - r).abs())
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+        err = float(diff.max()) if diff.numel() else 0.0
+        ok = bool((diff <= atol + rtol * r.abs().nan_to_num(0.0, posinf=0.0)).all())
+        return ok, err
+    err = float((out.long() - ref.long()).abs().max()) if out.numel() else 0.0
+    return err == 0.0, err
+
+
+def _read_verdicts(work: Path) -> list[dict]:
+    rows = []
+    for path in sorted(work.glob("output/output_*/verify_*/verify_result_brief.csv")):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                rows.append({"pass": r.get("passName"), "against": r.get("referPassName"),
+                             "result": r.get("verifyResult"),
+                             "max_abs_diff": _float(r.get("maxAbsDiff")),
+                             "error_ratio": _float(r.get("errorRatio"))})
+    return rows
+
+
+def _float(x) -> float | None:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _run_worker(tmp: Path, items: list[dict], calculator: Path, per_pass: bool,
+                timeout: float) -> tuple[dict[int, dict], str]:
+    """One worker over ``items`` (kernels in order); (results by index, failure text)."""
+    first = items[0]["index"]
+    res = tmp / f"results_{first}.jsonl"
+    job = {"calculator": str(calculator), "launcher": str(Path(__file__).with_name("launcher.py")),
+           "results": str(res), "per_pass": per_pass, "items": items}
+    (tmp / f"job_{first}.json").write_text(json.dumps(job))
+    log = tmp / f"worker_{first}.log"
+    failure = ""
+    with open(log, "wb") as out:
+        try:
+            proc = subprocess.run([sys.executable, str(Path(__file__).with_name("verify_worker.py")),
+                                   str(tmp / f"job_{first}.json")],
+                                  cwd=tmp, env=_worker_env(tmp), stdout=out,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout * len(items) + 60)
+            if proc.returncode not in (0, 3):
+                failure = f"verify worker exited with code {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            failure = f"verify worker timed out ({timeout:.0f} s per kernel)"
+    done: dict[int, dict] = {}
+    if res.exists():
+        for line in res.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not rec.get("started"):
+                done[rec["index"]] = rec
+    if failure and _tail(log):
+        failure += ": " + _tail(log, 600)
+    return done, failure
+
+
+def verify_kernels(cases: list[tuple[PyptoKernel, list, list]], per_pass: bool = False,
+                   timeout: float = DEFAULT_TIMEOUT_S, calculator: Path | None = None
+                   ) -> list[KernelCheck]:
+    """Run each ``(kernel, inputs, expected outputs)`` in pypto's interpreter and compare
+    its outputs with the expected ones; one worker process for the batch (a fresh one
+    after a kernel that fails). Never raises: reasons land in ``error``."""
+    checks = [KernelCheck(k.name) for k, _, _ in cases]
+    if not cases:
+        return checks
+    try:
+        calculator = calculator or calculator_library()
+    except VerifyUnavailable as e:
+        for c in checks:
+            c.error = str(e)
+        return checks
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pypto_verify_") as tmp:
+        tmp = Path(tmp)
+        items = []
+        for i, (kernel, inputs, expected) in enumerate(cases):
+            torch.save({"inputs": [x.contiguous() for x in inputs],
+                        "goldens": [e.detach().contiguous() for e in expected]},
+                       tmp / f"data_{i}.pt")
+            items.append({"index": i, "dir": f"k{i}", "kernel": kernel.to_json(),
+                          "data": str(tmp / f"data_{i}.pt"), "outputs": str(tmp / f"out_{i}.pt"),
+                          # pypto's own verdicts at our tolerance (the loosest output's)
+                          "tol": list(max((tolerance(p.dtype) for p in kernel.outputs),
+                                          default=(1e-3, 1e-4)))})
+        pending = items
+        while pending:
+            done, failure = _run_worker(tmp, pending, calculator, per_pass, timeout)
+            for item in pending:
+                rec = done.get(item["index"])
+                if rec is not None:
+                    checks[item["index"]].error = rec.get("error")
+            ran = [i for i, item in enumerate(pending) if item["index"] in done]
+            if not ran:  # the worker died on the first kernel: record it, go on after it
+                checks[pending[0]["index"]].error = failure or "verify worker produced no result"
+                ran = [0]
+            elif failure and len(ran) < len(pending):
+                nxt = pending[max(ran) + 1]  # the kernel the worker died on
+                checks[nxt["index"]].error = failure
+                ran.append(max(ran) + 1)
+            pending = pending[max(ran) + 1:]
+        elapsed = time.monotonic() - start
+        for item, check, (kernel, _inputs, expected) in zip(items, checks, cases):
+            check.seconds = round(elapsed / len(cases), 3)
+            check.pypto_verdicts = _read_verdicts(tmp / item["dir"])
+            if check.error is not None:
+                continue
+            outs = torch.load(item["outputs"])
+            oks, errs = zip(*(_compare(o, e) for o, e in zip(outs, expected))) if outs else ((), ())
+            check.verified = all(oks)
+            check.max_abs_err = max(errs) if errs else 0.0
+    return checks
+
+
+def verify_kernel(kernel: PyptoKernel, inputs: list, expected: list, per_pass: bool = False,
+                  timeout: float = DEFAULT_TIMEOUT_S) -> KernelCheck:
+    """:func:`verify_kernels` for one kernel."""
+    return verify_kernels([(kernel, inputs, expected)], per_pass, timeout)[0]
+
+
+# --- tiles -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TileVerification:
+    tile: str
+    verified: bool | None = None
+    max_abs_err: float | None = None
+    verify_error: str | None = None
+    kernels: list = dataclasses.field(default_factory=list)  # KernelCheck per pypto kernel
+
+    def to_dict(self) -> dict:
+        return {"verified": self.verified, "max_abs_err": self.max_abs_err,
+                "verify_error": self.verify_error,
+                "pypto_verdicts": [v for k in self.kernels for v in k.pypto_verdicts] or None,
+                "verify_seconds": round(sum(k.seconds for k in self.kernels), 3)}
+
+
+def tile_kernels(tile: FusionTile, graph: TileGraph) -> list[tuple[FusionTile, PyptoKernel]]:
+    """The pypto kernels of a tile: one, or one per pypto part of a split tile."""
+    try:
+        return [(tile, emit_tile(tile, graph, run_mode="SIM"))]
+    except PyptoEmitError:
+        split = split_tile(tile, graph)
+        if split is None or not split.parts:
+            raise
+        return [(part, emit_tile(part, graph, run_mode="SIM")) for part in split.parts]
+
+
+def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int):
+    """(kernel, random inputs, the reference executor's outputs on them)."""
+    inputs = random_inputs(kernel, seed)
+    syms = tuple(graph.hint(s) for s in graph.symbols)
+    return kernel, inputs, list(reference.build(tile, graph).fn(inputs, syms))
+
+
+def verify_tiles(tiles: list[FusionTile], graph: TileGraph, seed: int = 0,
+                 per_pass: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                 workers: int | None = None) -> dict[str, TileVerification]:
+    """Value-check every tile's pypto kernels; never raises (reasons in verify_error)."""
+    return verify_graphs([(tiles, graph)], seed, per_pass, timeout, workers)
+
+
+def verify_graphs(groups: list[tuple[list[FusionTile], TileGraph]], seed: int = 0,
+                  per_pass: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                  workers: int | None = None) -> dict[str, TileVerification]:
+    """:func:`verify_tiles` over tiles of several graphs in one batch (tile names must be
+    unique across them, as the planner's are)."""
+    tiles = [(t, g) for ts, g in groups for t in ts]
+    out = {t.name: TileVerification(t.name) for t, _ in tiles}
+    if not pypto_available():
+        for v in out.values():
+            v.verify_error = "pypto is not installed (pip install 'pypto-inductor[pypto]')"
+        return out
+    try:
+        calculator = calculator_library()
+    except VerifyUnavailable as e:
+        for v in out.values():
+            v.verify_error = f"not verified: {e}"
+        return out
+    owners, cases = [], []
+    for tile, graph in tiles:
+        try:
+            for part, kernel in tile_kernels(tile, graph):
+                cases.append(_case(part, graph, kernel, seed))
+                owners.append(tile.name)
+        except Exception as e:  # noqa: BLE001
+            out[tile.name].verify_error = f"emit failed: {type(e).__name__}: {e}"
+    # the batch in ``workers`` worker processes, each over a contiguous share
+    n = max(1, min(workers or _default_workers(), len(cases)))
+    shares = [list(range(len(cases)))[i * len(cases) // n:(i + 1) * len(cases) // n]
+              for i in range(n)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(verify_kernels, [cases[i] for i in share], per_pass, timeout,
+                               calculator) for share in shares]
+        for share, fut in zip(shares, futures):
+            for i, check in zip(share, fut.result()):
+                out[owners[i]].kernels.append(check)
+    for v in out.values():
+        if v.verify_error or not v.kernels:
+            v.verify_error = v.verify_error or "no pypto kernel"
+            continue
+        errors = [f"{k.kernel}: {k.error}" for k in v.kernels if k.error]
+        if errors:
+            v.verify_error = "\n".join(errors)
+        if any(k.verified is False for k in v.kernels):
+            v.verified = False
+        elif all(k.verified for k in v.kernels):
+            v.verified = True
+        errs = [k.max_abs_err for k in v.kernels if k.max_abs_err is not None]
+        v.max_abs_err = max(errs) if errs else None
+    return out
+
+
+def verify_plan(plan, seed: int = 0, per_pass: bool = False) -> dict[str, TileVerification]:
+    """Per-FusionTile value checks of a FusionPlan (tile name -> TileVerification)."""
+    try:
+        return verify_tiles(plan.tiles, plan.graph, seed=seed, per_pass=per_pass)
+    except Exception as e:  # noqa: BLE001 - a report must never fail on the interpreter
+        return {t.name: TileVerification(t.name, verify_error=f"{type(e).__name__}: {e}")
+                for t in plan.tiles}
