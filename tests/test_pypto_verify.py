@@ -58,7 +58,8 @@ def test_every_zoo_pypto_kernel_is_verified(zoo_checks):
         if c.verified is None:
             assert ops[name] in NO_KERNEL_OPS and "emit failed" in c.verify_error, \
                 (name, ops[name], c.verify_error)
-    assert len(verified) >= 40, len(verified)
+    # the tiles with no pypto form (NO_KERNEL_OPS) stay a small part of the zoo
+    assert len(verified) >= 0.8 * len(checks), (len(verified), len(checks))
     for c in verified:
         assert c.max_abs_err is not None and c.max_abs_err < 1e-3
         # pypto's own verdict against our reference output agrees

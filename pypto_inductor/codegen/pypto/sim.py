@@ -57,7 +57,7 @@ def pypto_available() -> bool:
     return importlib.util.find_spec("pypto") is not None
 
 
-def _pypto_version() -> str:
+def pypto_version() -> str:
     try:
         return importlib.metadata.version("pypto")
     except importlib.metadata.PackageNotFoundError:
@@ -91,7 +91,7 @@ class SimResult:
 
 
 # --- the worker --------------------------------------------------------------------------
-def _worker_env(tmp: Path) -> dict:
+def worker_env(tmp: Path) -> dict:
     shim = tmp / "bin"
     shim.mkdir(exist_ok=True)
     stub = shim / "python3"  # pypto runs its plotting scripts with `python3 script.py`
@@ -105,7 +105,7 @@ def _worker_env(tmp: Path) -> dict:
     return env
 
 
-def _tail(path: Path, n: int = 1200) -> str:
+def tail_of(path: Path, n: int = 1200) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -127,7 +127,7 @@ def _run_worker(tmp: Path, items: list[dict], timeout: float) -> tuple[dict[int,
         launcher = Path(__file__).with_name("launcher.py")
         proc = subprocess.Popen([sys.executable, str(worker), str(job), str(res), str(launcher)],
                                 cwd=tmp,
-                                env=_worker_env(tmp), stdout=out, stderr=subprocess.STDOUT,
+                                env=worker_env(tmp), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         # A watchdog on progress: each kernel gets ``timeout`` seconds (plus start-up).
         deadline = time.monotonic() + timeout + 60
@@ -164,13 +164,13 @@ def _run_worker(tmp: Path, items: list[dict], timeout: float) -> tuple[dict[int,
             else:
                 done[rec["index"]] = rec
     if failure:
-        failure += (": " + _tail(log, 600)) if _tail(log) else ""
+        failure += (": " + tail_of(log, 600)) if tail_of(log) else ""
     return done, started, failure
 
 
 def _cache_key(kernel: PyptoKernel) -> str:
     h = hashlib.sha256()
-    for part in (_WORKER_VERSION, _pypto_version(), kernel.source,
+    for part in (_WORKER_VERSION, pypto_version(), kernel.source,
                  json.dumps([p.to_json() for p in kernel.params])):
         h.update(part.encode())
         h.update(b"\0")
@@ -208,19 +208,19 @@ def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimRe
         result.perfetto_trace_path = str(trace)
     if rec.get("error"):
         result.error = rec["error"]
-        log_tail = _tail(Path(rec["log"]), 600) if rec.get("log") else ""
+        log_tail = tail_of(Path(rec["log"]), 600) if rec.get("log") else ""
         if log_tail and log_tail not in result.error:
             result.error += "\n" + log_tail
     elif result.cycles is None:
         result.error = "pypto wrote no stat report with 'Total Cycles'"
         if rec.get("log"):
-            result.error += ": " + _tail(Path(rec["log"]), 600)
+            result.error += ": " + tail_of(Path(rec["log"]), 600)
     if result.error is None:  # failures are not cached: they may be the machine's
         (entry / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
     return result
 
 
-def _default_workers() -> int:
+def default_workers() -> int:
     env = os.environ.get("PYPTO_INDUCTOR_SIM_WORKERS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)
@@ -308,7 +308,7 @@ def simulate_kernels(kernels: list[PyptoKernel], timeout: float = DEFAULT_TIMEOU
 
     try:
         items = [{"index": i, "dir": f"k{i}", "kernel": kernels[i].to_json()} for i in unique]
-        n = max(1, min(workers or _default_workers(), len(items)))
+        n = max(1, min(workers or default_workers(), len(items)))
         chunks = [items[j::n] for j in range(n)]
         if n == 1:
             run_chunk(chunks[0])

@@ -39,7 +39,7 @@ from ...config import cache_dir
 from ...ir import FusionTile, TileGraph
 from .. import reference
 from .emit import PyptoEmitError, PyptoKernel, emit_tile, split_tile
-from .sim import _default_workers, _pypto_version, _tail, _worker_env, pypto_available
+from .sim import default_workers, pypto_version, tail_of, worker_env, pypto_available
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
            "verify_kernel", "verify_kernels", "random_inputs", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
@@ -68,7 +68,7 @@ def calculator_library() -> Path:
     from filelock import FileLock
     torch_root = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    key = hashlib.sha256(f"{_pypto_version()}|{torch.__version__}|{abi}|{torch_root}"
+    key = hashlib.sha256(f"{pypto_version()}|{torch.__version__}|{abi}|{torch_root}"
                          .encode()).hexdigest()[:16]
     root = cache_dir("pypto_calculator", key)
     lib = root / "libtile_fwk_calculator.so"
@@ -92,7 +92,7 @@ def calculator_library() -> Path:
                       f"-DPY3_MOD_TORCH_VERSION={torch.__version__}",
                       f"-DPY3_MOD_TORCH_ROOT_PATH={torch_root}",
                       f"-DPY3_MOD_TORCH_C_GLIBCXX_USE_CXX11_ABI={abi}"],
-                     [cmake, "--build", str(build), "-j", str(_default_workers())]]
+                     [cmake, "--build", str(build), "-j", str(default_workers())]]
             for cmd in steps:
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -196,7 +196,7 @@ def _run_worker(tmp: Path, items: list[dict], calculator: Path, per_pass: bool,
         try:
             proc = subprocess.run([sys.executable, str(Path(__file__).with_name("verify_worker.py")),
                                    str(tmp / f"job_{first}.json")],
-                                  cwd=tmp, env=_worker_env(tmp), stdout=out,
+                                  cwd=tmp, env=worker_env(tmp), stdout=out,
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   timeout=timeout * len(items) + 60)
             if proc.returncode not in (0, 3):
@@ -212,8 +212,8 @@ def _run_worker(tmp: Path, items: list[dict], calculator: Path, per_pass: bool,
                 continue
             if not rec.get("started"):
                 done[rec["index"]] = rec
-    if failure and _tail(log):
-        failure += ": " + _tail(log, 600)
+    if failure and tail_of(log):
+        failure += ": " + tail_of(log, 600)
     return done, failure
 
 
@@ -347,7 +347,7 @@ def verify_graphs(groups: list[tuple[list[FusionTile], TileGraph]], seed: int = 
         except Exception as e:  # noqa: BLE001
             out[tile.name].verify_error = f"emit failed: {type(e).__name__}: {e}"
     # the batch in ``workers`` worker processes, each over a contiguous share
-    n = max(1, min(workers or _default_workers(), len(cases)))
+    n = max(1, min(workers or default_workers(), len(cases)))
     shares = [list(range(len(cases)))[i * len(cases) // n:(i + 1) * len(cases) // n]
               for i in range(n)]
     with ThreadPoolExecutor(max_workers=n) as pool:
