@@ -85,12 +85,12 @@ def test_direct_call_with_other_device_runs_eager_or_raises(monkeypatch):
     graph = graphs[-1]
     assert graph.kernel_native and all(k["native"] for k in graph.kernel_native.values())
     meta = torch.empty(6, 7, device="meta")
-    out = graph(meta)[0]
+    out = graph([meta])[0]
     assert out.device.type == "meta" and out.shape == (6, 7)
     graph.eager = None
     with pytest.raises(DeviceError, match="runs cpu tensors; it was called with a meta"):
-        graph(meta)
-    torch.testing.assert_close(graph(x)[0], _pointwise(x))
+        graph([meta])
+    torch.testing.assert_close(graph([x])[0], _pointwise(x))
 
 
 # --- long reductions ---------------------------------------------------------------------
