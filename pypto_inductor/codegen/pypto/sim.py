@@ -151,18 +151,7 @@ def _run_worker(tmp: Path, items: list[dict], timeout: float) -> tuple[dict[int,
                     pass
                 proc.wait()
                 break
-    done: dict[int, dict] = {}
-    started: set[int] = set()
-    if res.exists():
-        for line in res.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("started"):
-                started.add(rec["index"])
-            else:
-                done[rec["index"]] = rec
+    done, started = read_results(res)
     if failure:
         failure += (": " + tail_of(log, 600)) if tail_of(log) else ""
     return done, started, failure
@@ -218,6 +207,24 @@ def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimRe
     if result.error is None:  # failures are not cached: they may be the machine's
         (entry / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
     return result
+
+
+def read_results(res: Path) -> tuple[dict[int, dict], set[int]]:
+    """A worker's results file (JSON lines, a torn last line skipped): the finished
+    records by kernel index, and the indices that started."""
+    done: dict[int, dict] = {}
+    started: set[int] = set()
+    if res.exists():
+        for line in res.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("started"):
+                started.add(rec["index"])
+            else:
+                done[rec["index"]] = rec
+    return done, started
 
 
 def default_workers() -> int:

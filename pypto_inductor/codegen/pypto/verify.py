@@ -39,7 +39,8 @@ from ...config import cache_dir
 from ...ir import FusionTile, TileGraph
 from .. import reference
 from .emit import PyptoEmitError, PyptoKernel, emit_tile, split_tile
-from .sim import default_workers, pypto_version, tail_of, worker_env, pypto_available
+from .sim import (default_workers, pypto_available, pypto_version, read_results, tail_of,
+                  worker_env)
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
            "verify_kernel", "verify_kernels", "random_inputs", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
@@ -203,15 +204,7 @@ def _run_worker(tmp: Path, items: list[dict], calculator: Path, per_pass: bool,
                 failure = f"verify worker exited with code {proc.returncode}"
         except subprocess.TimeoutExpired:
             failure = f"verify worker timed out ({timeout:.0f} s per kernel)"
-    done: dict[int, dict] = {}
-    if res.exists():
-        for line in res.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not rec.get("started"):
-                done[rec["index"]] = rec
+    done, _ = read_results(res)
     if failure and tail_of(log):
         failure += ": " + tail_of(log, 600)
     return done, failure
