@@ -18,7 +18,7 @@ from functorch.compile import make_boxed_func
 
 from .calibrate import hardware_model
 from .codegen import get_target
-from .config import Config, parse_options
+from .config import Config, ConfigError, parse_options
 from .fusion import plan_fusion
 from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
@@ -27,7 +27,7 @@ from .lowering.attention import rewrite_attention
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
-from .runtime import CompiledGraph, unsupported_device
+from .runtime import CompiledGraph, KernelBuildError, unsupported_device
 
 _graph_ids = itertools.count()
 
@@ -36,11 +36,35 @@ class UnsupportedOpsError(RuntimeError):
     """fallback='error' and the graph has ops that would run eagerly."""
 
 
+# Errors that are the answer the user asked for (fallback='error', a bad option), never
+# turned into an eager fallback
+_DELIBERATE = (UnsupportedOpsError, KernelBuildError, ConfigError)
+
+
+def _unexpected(where: str, e: Exception, config: Config) -> None:
+    """An unexpected exception while compiling: re-raised in strict mode (the tests and the
+    fuzzer: a bug must not hide), else a warning naming it, and the caller runs eagerly."""
+    if isinstance(e, _DELIBERATE) or config.raise_compile_errors:
+        raise e
+    warnings.warn(f"pypto_inductor: {where} runs eagerly: compiling it raised "
+                  f"{type(e).__name__}: {e} (a bug in pypto_inductor; options={{'strict': True}} "
+                  "raises it instead)", stacklevel=3)
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
                   attention: list | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
-    the attention decisions made on the Dynamo graph, reported with the first graph."""
+    the attention decisions made on the Dynamo graph, reported with the first graph.
+    An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
+    try:
+        return _compile_graph(gm, config, name, attention)
+    except Exception as e:  # noqa: BLE001 - see _unexpected
+        _unexpected(f"graph {name}", e, config)
+        return make_boxed_func(gm.forward)
+
+
+def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None):
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
         device = unsupported_device(gm, get_target(config.target))
@@ -101,14 +125,19 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
-    with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
-        return aot_autograd(
-            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention),
-            bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
-            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference", attention),
-            decompositions=decomposition_table(),
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+    try:
+        with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
+            return aot_autograd(
+                fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention),
+                bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
+                inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference",
+                                                               attention),
+                decompositions=decomposition_table(),
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 - tracing or decomposing failed: see _unexpected
+        _unexpected("the Dynamo graph", e, config)
+        return gm.forward
 
 
 __all__ = ["compile_graph", "pypto_backend", "UnsupportedOpsError"]

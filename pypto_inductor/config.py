@@ -34,6 +34,10 @@ def cache_dir(*parts: str) -> Path:
     return Path(root, *parts)
 
 
+def _env_strict() -> bool:
+    return os.environ.get("PYPTO_INDUCTOR_STRICT", "") not in ("", "0")
+
+
 class ConfigError(ValueError):
     """An option passed to the pypto backend is unknown or has a bad value."""
 
@@ -56,6 +60,9 @@ class Config:
     simulate: bool = False
     verify: bool = False  # with simulate: each pypto kernel's values checked in pypto's interpreter
     keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
+    # an unexpected exception while compiling a graph is raised instead of running the graph
+    # eagerly with a warning; default from $PYPTO_INDUCTOR_STRICT (the tests and fuzzer set it)
+    strict: bool = dataclasses.field(default_factory=lambda: _env_strict())
 
     def __post_init__(self):  # a Config built directly gets the numeric checks too
         for key in ("capacity_bytes", "roi_threshold", "buffering"):
@@ -69,6 +76,12 @@ class Config:
         if self.hardware is not None:
             return self.hardware
         return "ascend-a2" if self.target == "npu" or self.simulate or self.verify else "host"
+
+    @property
+    def raise_compile_errors(self) -> bool:
+        """An unexpected exception while compiling a graph reaches the caller (strict, or
+        fallback='error') instead of the graph running eagerly with a warning."""
+        return self.strict or self.fallback == "error"
 
     def forced_fallback(self, op_name: str) -> bool:
         """True when ``op_name`` (e.g. "aten.gelu.default") is listed in fallback_ops.
@@ -155,7 +168,8 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value
-        elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "keep_buffers"):
+        elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "keep_buffers",
+                     "strict"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

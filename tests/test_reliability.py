@@ -339,3 +339,37 @@ def test_emitter_failure_names_the_tile_and_op(monkeypatch):
     with pytest.warns(UserWarning, match=r"(?s)failed to build.*sigmoid.*KeyError: 'cat'"):
         out = _compile(fn)(x)
     torch.testing.assert_close(out, fn(x))
+
+
+# --- unexpected compile-time exceptions -------------------------------------------------
+@pytest.mark.parametrize("where", ["lower_graph", "plan_fusion", "decomposition_table"])
+def test_unexpected_compile_error_runs_the_graph_eagerly(where, monkeypatch):
+    """A bug while lowering, planning (one ATen graph) or tracing (AOTAutograd, the whole
+    Dynamo graph) makes that graph run eagerly with a warning naming the exception; strict
+    mode and fallback='error' raise it (the tests and the fuzzer run strict)."""
+    from pypto_inductor import backend
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("planted bug")
+    monkeypatch.setattr(backend, where, broken)
+    x = torch.randn(6, 5, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"runs eagerly: compiling it raised "
+                                         r"ZeroDivisionError: planted bug"):
+        out = _compile(_pointwise, strict=False)(x)
+    torch.testing.assert_close(out, _pointwise(x))
+    out.sum().backward()  # the eager graph's backward too
+    torch.testing.assert_close(x.grad, (x > 0).float() * 2.0)
+    for strict in ({"strict": True}, {"strict": False, "fallback": "error"}):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="planted bug"):
+            _quiet(_compile(_pointwise, **strict), x.detach())
+
+
+def test_strict_defaults_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PYPTO_INDUCTOR_STRICT", "0")
+    assert not pypto_inductor.parse_options({}).strict
+    monkeypatch.setenv("PYPTO_INDUCTOR_STRICT", "1")
+    assert pypto_inductor.parse_options({}).strict
+    assert not pypto_inductor.parse_options({"strict": False}).raise_compile_errors
+    with pytest.raises(pypto_inductor.ConfigError, match="'strict'"):
+        pypto_inductor.parse_options({"strict": "yes"})

@@ -256,7 +256,8 @@ def check(case: dict, target: str = "cpu", dynamic: bool = False, refs=None,
     variants = [0, 1] if dynamic else [0]
     refs = refs or {}
     fn = load(case["source"])
-    options = {"target": target} if backend == "pypto" else None
+    # strict: a compile-time exception is a crash to report, not a quiet eager fallback
+    options = {"target": target, "strict": True} if backend == "pypto" else None
     compiled = torch.compile(fn, backend=backend, options=options, dynamic=dynamic)
     failures = []
     for v in variants:

@@ -11,7 +11,7 @@ TARGETS = ("cpu", "reference")
 
 def _compile(fn, target, dynamic=False):
     torch._dynamo.reset()
-    return torch.compile(fn, backend="pypto", options={"target": target}, dynamic=dynamic)
+    return torch.compile(fn, backend="pypto", options={"target": target, "strict": True}, dynamic=dynamic)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
