@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import statistics
 import sys
 import time
 import warnings
+import weakref
 from typing import Callable
 
+import sympy
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .codegen import Kernel, Target, reference
-from .codegen.cpp.alloc import BufferPool
+from .codegen.cpp import alloc
 from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
-from .sizes import is_symbolic, resolve_static, size_function
-from .wrapper import compile_graph, graph_source
+from .sizes import is_symbolic, numel, resolve_static, size_function
+from .wrapper import _static_reuse, compile_graph, graph_source
 
 
 class KernelBuildError(RuntimeError):
@@ -98,20 +101,26 @@ class CompiledGraph:
         self.kernels: dict[str, Kernel] = {}  # tile name -> its kernel record
         self.timings: dict[str, list[float]] = {}
         self._built: dict | None = None  # tile name -> kernel or error, from target.build_many
-        self.pool = BufferPool() if config.keep_buffers and _use_count else None
+        self.pool = alloc.POOL if config.keep_buffers and _use_count else None
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.pool_empty: set[str] = set()  # tiles whose outputs come from the pool
         self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
         self._free_after = self._liveness()
+        reused: dict[int, int] = {}
         self.source, bound = graph_source(
             graph, self.program, self._free_after, probe=self._probe,
             cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
-            timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty)
+            timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty,
+            reused=reused)
         scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
                  "getrefcount": _getrefcount, "use_count": _use_count,
                  "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}
         if self.pool is not None:
-            scope.update(pool_start=self.pool.start, pool_give=self.pool.give)
+            self._pool_peak = self._pooled_peak(reused)
+            self._pool_syms = None
+            self._pool_token = next(_pool_tokens)
+            weakref.finalize(self, self.pool.release, self._pool_token)
+            scope.update(pool_start=self._pool_start, pool_give=self.pool.give)
         self._call = compile_graph(graph.name, self.source, bound, scope)
 
     # --- build ---------------------------------------------------------------------
@@ -217,6 +226,40 @@ class CompiledGraph:
                 free[i][s in self.pooled].append(s)
         return free
 
+    def _pooled_peak(self, reused: dict[int, int]) -> Callable[[tuple], int]:
+        """syms -> the most bytes of pooled kernel outputs alive at once in a call: what
+        the pool may hold for this graph. A kernel output lives from its step to its last
+        reader's; one the generated code keeps for a later kernel's output (wrapper.py's
+        static reuse) until the call returns; one written into such a kept buffer
+        (``reused``) allocates nothing."""
+        graph = self.plan.graph
+        static = _static_reuse(graph, self.program, self.kernels, self.pool_empty)
+        size: dict[int, object] = {}  # a pooled buffer's slot -> its bytes
+        returned = set(graph.outputs)  # a returned output never goes back to the pool
+        live, totals = sympy.Integer(0), []
+        for (kind, _, _, _, outs, step), (_, recycle) in zip(self.program, self._free_after):
+            if kind == "kernel":
+                for name, s in zip(step.outputs, outs):
+                    if s in self.pooled and s not in reused and name not in returned:
+                        spec = graph.specs[name]
+                        size[s] = numel(spec.shape) * spec.dtype.itemsize
+                        live += size[s]
+                if any(s in size for s in outs):
+                    totals.append(live)
+            for s in recycle:
+                if s in size and s not in static:
+                    live -= size[s]
+        if not totals:
+            return lambda syms: 0
+        fn = size_function(tuple(totals), graph.symbols)
+        return lambda syms: int(max(fn(syms)))
+
+    def _pool_start(self, syms: tuple) -> None:
+        """Called before each run: the pool's reservation follows the graph's sizes."""
+        if syms != self._pool_syms:
+            self.pool.reserve(self._pool_token, self._pool_peak(syms))
+            self._pool_syms = syms
+
     # --- run -----------------------------------------------------------------------
     # AOTAutograd's boxed convention: __call__ takes the argument list and the generated
     # code empties it, so an input (a saved activation in a backward graph) is freed after
@@ -240,6 +283,7 @@ class CompiledGraph:
 # view) holds it: the next call overwrites it. The counts of a lone tensor are probed with
 # the very expressions the generated code (wrapper.py) runs on a local variable, so they
 # hold whatever the interpreter's refcounting does.
+_pool_tokens = itertools.count()
 _getrefcount = sys.getrefcount
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 

@@ -83,12 +83,14 @@ def _has_refs(x) -> bool:
 
 
 def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
-                 profile: bool, timings: dict, kernels: dict, pool_empty: set) -> tuple[str, dict]:
+                 profile: bool, timings: dict, kernels: dict, pool_empty: set,
+                 reused: dict | None = None) -> tuple[str, dict]:
     """(source of ``call(args)``, the objects it binds). See the module docstring.
 
     ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
     the inputs, then the constants, then each value a step defines. ``free_after``: per
-    step, the slots whose last reader it is (to drop, and to give back to ``pool``)."""
+    step, the slots whose last reader it is (to drop, and to give back to ``pool``).
+    ``reused`` gets, per kernel output written into a dead buffer, that buffer's slot."""
     code = GraphCode(graph.symbols)
     slot = dict(graph_slots(graph, program))
     names = {}  # slot -> variable name
@@ -138,6 +140,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 for j, s in enumerate(outs):
                     if s in static and dead.get(static[s]):
                         reuse[j] = dead[static[s]].pop()
+                        if reused is not None:
+                            reused[s] = int(reuse[j][3:])  # buf<slot>
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")

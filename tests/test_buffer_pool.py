@@ -2,6 +2,8 @@
 call, and nothing a caller can still see is ever overwritten."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -86,7 +88,18 @@ def test_saved_activations_survive_later_calls(tol):
     torch.testing.assert_close(x2.grad, e2.grad, **tol(torch.float32))
 
 
-def test_dynamic_sizes_empty_the_pool(tol):
+def _held_within_peak(graph_records):
+    """The pool holds at most the largest live peak of pooled buffers of the graphs."""
+    pool = host_alloc.POOL
+    peaks = [g.compiled._pool_peak(g.compiled._pool_syms) for g in graph_records]
+    assert pool.held <= pool.cap == max(pool.reserved.values())
+    return pool, peaks
+
+
+def test_dynamic_sizes_bound_the_pool(tol):
+    """At every size the pool holds at most the graph's live peak at that size: calls at
+    many sizes do not pile up buffers, and after a smaller call the larger ones go."""
+    gc.collect()  # earlier tests' graphs release their reservations
     compiled = torch.compile(_chain, backend="pypto", dynamic=True,
                              options={"target": "cpu", "fallback": "error"})
     w = torch.randn(64, 48)
@@ -94,9 +107,67 @@ def test_dynamic_sizes_empty_the_pool(tol):
         for rows in (8, 5, 8, 3):
             x = torch.randn(rows, 32, 64)
             torch.testing.assert_close(compiled(x, w), _chain(x, w), **tol(torch.float32))
-    pool = graphs[0].compiled.pool
-    shapes = {shape for shape, _ in pool.free}
-    assert shapes and all(shape[0] in (3, 3 * 32) for shape in shapes), shapes
+            pool, (peak,) = _held_within_peak(graphs)
+            assert 0 < pool.held <= peak == pool.cap
+            assert peak >= rows * 32 * 48 * 4  # the first matmul's output at least
+
+
+def test_held_buffers_stay_within_the_live_peak(tol):
+    """Buffers of different shapes share storage (a dead buffer serves any later output of
+    at most its size), so the transformer block's pool holds no more than the bytes alive
+    at once, not one buffer per distinct shape; a training step's forward and backward
+    graphs share one pool."""
+    gc.collect()
+    torch.manual_seed(0)
+    block = models.TransformerBlock(64, 4, 128)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    with collect() as graphs:
+        compiled = torch.compile(block, backend="pypto", options={"target": "cpu"})
+        for _ in range(3):
+            compiled(x).square().mean().backward()
+        pool, peaks = _held_within_peak(graphs)
+    assert len(graphs) == 2 and pool.held <= max(peaks)
+    pooled_shapes = {k for g in graphs for k in _pooled_outputs(g.compiled)}
+    assert sum(nb for ts in pool.free.values() for _, nb in ts) == pool.held
+    assert len(pooled_shapes) > len(pool.free)  # shapes share buffers
+    x.grad = None
+    ref = block(x)
+    ref.square().mean().backward()
+    expect = x.grad.clone()
+    x.grad = None
+    compiled(x).square().mean().backward()
+    torch.testing.assert_close(x.grad, expect, **tol(torch.float32))
+
+
+def _pooled_outputs(compiled):
+    graph = compiled.plan.graph
+    for kind, _, _, _, outs, step in compiled.program:
+        if kind == "kernel":
+            for name, s in zip(step.outputs, outs):
+                if s in compiled.pooled:
+                    yield tuple(graph.specs[name].shape), graph.specs[name].dtype
+
+
+def test_a_buffer_serves_another_shape_and_dtype():
+    pool = host_alloc.BufferPool()
+    pool.reserve(0, 4096)
+    a = pool.empty((16, 32), torch.float32)  # 2048 bytes
+    ptr = a.data_ptr()
+    pool.give(a)
+    del a
+    b = pool.empty((40, 20), torch.float16)  # 1600 bytes: fits, not more than twice
+    assert (b.data_ptr(), b.shape, b.dtype, b.is_contiguous()) == (ptr, (40, 20), torch.float16, True)
+    c = pool.empty((4,), torch.float32)  # the pool is empty now
+    pool.give(b)
+    d = pool.empty((2, 2), torch.float32)  # 16 bytes: 2048 is more than twice that
+    assert d.data_ptr() != ptr and pool.misses == 3
+    pool.give(c)
+    pool.give(torch.empty(1024))  # 4096 more bytes: over the reservation, dropped
+    assert pool.held == 2048 + 16
+    pool.reserve(0, 100)  # a smaller reservation drops buffers, the largest first
+    assert pool.held == 16
+    pool.release(0)
+    assert pool.held == 0 and pool.cap == 0
 
 
 def test_a_returned_output_never_takes_a_pooled_buffer(allocations, tol, monkeypatch):
@@ -114,7 +185,7 @@ def test_a_returned_output_never_takes_a_pooled_buffer(allocations, tol, monkeyp
         compiled = torch.compile(block, backend="pypto", options={"target": "cpu"})
         outs = [compiled(xs[0])]
         pool = graphs[0].compiled.pool
-        misses, before = pool.misses, allocations[0]
+        misses, before = pool.misses, allocations[0]  # one pool: nothing else runs meanwhile
         outs += [compiled(x) for x in xs[1:]]
     assert pool.misses == misses
     assert allocations[0] - before == len(xs) - 1

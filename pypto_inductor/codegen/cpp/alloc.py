@@ -5,12 +5,14 @@ fresh pages, and in a VM each first touch of a 4 KiB page is an expensive fault
 (a large relu into a new tensor runs several times slower than into a reused one:
 docs/benchmarks.md). So large outputs get ``madvise(MADV_HUGEPAGE)`` (one fault
 per 2 MiB) before the kernel writes them; the advice is per buffer and dies with
-it. :class:`BufferPool` keeps a compiled graph's kernel outputs for its next calls.
+it. :class:`BufferPool` keeps dead kernel outputs for later kernels, bounded by the
+largest live peak of the compiled graphs.
 """
 from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 
 import torch
 
@@ -80,33 +82,93 @@ def empty(shape, dtype: torch.dtype) -> torch.Tensor:
 
 
 class BufferPool:
-    """Output buffers of one compiled graph's native kernels, kept for its next calls.
+    """Dead native kernel outputs, kept for later kernels of any compiled graph.
 
     The runtime hands a kernel output back when its slot dies and nothing else holds it
-    (``CompiledGraph.__call__``: no other reference, no view); a later kernel wanting the same shape and dtype takes it
-    instead of allocating. Inside a block an allocation cost as much as a 1 MiB kernel's
-    wrapper (glibc sorting the chunks the previous steps freed). The pool holds
-    at most the graph's peak of live kernel outputs, and is emptied when the size
-    symbols change, so calls at many sizes do not pile up buffers.
+    (``CompiledGraph.__call__``: no other reference, no view); a later kernel takes it
+    instead of allocating: the same shape and dtype as it is, else the smallest dead
+    buffer of at least its size (up to twice it), reinterpreted. Inside a block an
+    allocation cost as much as a 1 MiB kernel's wrapper (glibc sorting the chunks the
+    previous steps freed).
+
+    What it holds is bounded: each compiled graph reserves its peak of live pooled
+    buffers (at its current sizes, computed when it is built: ``CompiledGraph._pool_peak``),
+    and the pool keeps at most the largest reservation of the graphs alive, dropping
+    what is given back beyond it. One pool serves every graph of the process (a
+    training step's forward and backward graphs take turns with the same buffers), so
+    between calls it holds no more than the largest graph's live peak, which eager
+    allocates anyway (docs/memory.md).
     """
 
     def __init__(self):
-        self.free: dict[tuple, list[torch.Tensor]] = {}
-        self.syms: tuple | None = None
+        self.free: dict[tuple, list[tuple[torch.Tensor, int]]] = {}  # (shape, dtype) -> (buffer, bytes)
+        self.held = 0  # bytes of the buffers in ``free``
+        self.cap = 0  # the largest reservation
+        self.reserved: dict[int, int] = {}  # graph token -> its live peak in bytes
         self.misses = 0  # allocations the pool could not serve
+        self.lock = threading.Lock()  # the kernels release the GIL: threads share the pool
 
-    def start(self, syms: tuple) -> None:
-        """Called before each run of the graph with its size symbols."""
-        if syms != self.syms:
-            self.free.clear()
-            self.syms = syms
+    def reserve(self, token: int, nbytes: int) -> None:
+        """A graph's live peak of pooled bytes (again when its sizes change)."""
+        with self.lock:
+            self.reserved[token] = nbytes
+            self._set_cap()
+
+    def release(self, token: int) -> None:
+        """The graph is gone: its reservation no longer counts."""
+        with self.lock:
+            if self.reserved.pop(token, None) is not None:
+                self._set_cap()
+
+    def _set_cap(self) -> None:
+        self.cap = max(self.reserved.values(), default=0)
+        if self.held > self.cap:  # largest first: fewest buffers to allocate again
+            entries = sorted(((nb, key) for key, ts in self.free.items() for _, nb in ts),
+                             key=lambda e: -e[0])
+            for nb, key in entries:
+                if self.held <= self.cap:
+                    break
+                ts = self.free[key]
+                j = next(j for j, (_, n) in enumerate(ts) if n == nb)
+                del ts[j]
+                self.held -= nb
+                if not ts:
+                    del self.free[key]
 
     def empty(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        buffers = self.free.get((shape, dtype))
-        if buffers:
-            return buffers.pop()
-        self.misses += 1
+        with self.lock:
+            buffers = self.free.get((shape, dtype))
+            if buffers:
+                t, nb = buffers.pop()
+                self.held -= nb
+                return t
+            t = self._best_fit(shape, dtype)
+            if t is not None:
+                return t
+            self.misses += 1
         return empty(shape, dtype)
 
+    def _best_fit(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor | None:
+        need = dtype.itemsize
+        for d in shape:
+            need *= d
+        best = None
+        for key, ts in self.free.items():
+            if ts and need <= ts[-1][1] <= 2 * need and (best is None or ts[-1][1] < best[1]):
+                best = (key, ts[-1][1])
+        if best is None:
+            return None
+        t, nb = self.free[best[0]].pop()
+        self.held -= nb
+        return torch.empty(0, dtype=dtype).set_(t.untyped_storage(), 0, shape,
+                                                _contiguous.get(shape) or _strides(shape))
+
     def give(self, t: torch.Tensor) -> None:
-        self.free.setdefault((tuple(t.shape), t.dtype), []).append(t)
+        nb = t.untyped_storage().nbytes()
+        with self.lock:
+            if self.held + nb <= self.cap:  # else dropped: freed when the caller lets go
+                self.free.setdefault((tuple(t.shape), t.dtype), []).append((t, nb))
+                self.held += nb
+
+
+POOL = BufferPool()  # the process's pool (``keep_buffers=True``)
