@@ -111,7 +111,7 @@ def _pow(a, n):
     e = n.args[1]
     scalar = n.args[1].value if not hasattr(e, "id") else None
     if isinstance(scalar, (int, float)) and not isinstance(scalar, bool):
-        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: f"std::sqrt({x})",
+        special = {2: f"({x} * {x})", 3: f"({x} * {x} * {x})", 1: x, 0.5: _nan_positive("sqrt")(a[:1], n),
                    -0.5: f"(1.0f / std::sqrt({x}))", -1: f"(1.0f / {x})",
                    -2: f"(1.0f / ({x} * {x}))", 0: "1"}
         if n.attrs["common"] == torch.float16:  # eager's float16 pow: pow's -inf and -0.0
@@ -143,18 +143,26 @@ def _f(fn):
     return lambda a, n: f"{fn}({a[0]})"
 
 
+def _nan_positive(fn):
+    """sqrt/log/log2: eager's NaN for a negative input is positive in float32/float64 (the
+    prelude's pi_*), negative in float16/bfloat16 (the vectorized libm's, as std::*)."""
+    half = (torch.float16, torch.bfloat16)
+    return lambda a, n: (f"std::{fn}({a[0]})" if n.dtype in half or n.attrs["common"] in half
+                         else f"pi_{fn}({a[0]})")
+
+
 OPS = {
     "add": lambda a, n: f"({a[0]} + {a[1]})", "sub": lambda a, n: f"({a[0]} - {a[1]})",
     "mul": lambda a, n: f"({a[0]} * {a[1]})", "div": lambda a, n: f"({a[0]} / {a[1]})",
     "neg": lambda a, n: f"(-{a[0]})", "copy": lambda a, n: a[0], "cast": lambda a, n: a[0],
     "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),
-    "exp": _f("pi_exp"), "log": _f("std::log"), "sqrt": _f("std::sqrt"),
+    "exp": _f("pi_exp"), "log": _nan_positive("log"), "sqrt": _nan_positive("sqrt"),
     "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
     "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
     "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
     "gelu": lambda a, n: _gelu(a, n),
     "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
-    "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _f("std::log2"),
+    "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _nan_positive("log2"),
     "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
     "tan": _f("std::tan"), "floor": _f("std::floor"), "ceil": _f("std::ceil"),
     "trunc": _f("std::trunc"), "round": _f("std::nearbyint"),

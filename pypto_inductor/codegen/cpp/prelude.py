@@ -141,6 +141,12 @@ PI_INLINE float pi_gelu_tanh(float x) {
 template <typename T> PI_INLINE T pi_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> PI_INLINE T pi_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
+// sqrt/log/log2 of a negative number: eager's float32/float64 NaN is positive, the
+// vectorized libm's negative (eager's float16/bfloat16 too: ops.py); copysign and signbit
+// read the sign
+template <typename T> PI_INLINE T pi_sqrt(T x) { return x < 0 ? (T)NAN : std::sqrt(x); }
+template <typename T> PI_INLINE T pi_log(T x) { return x < 0 ? (T)NAN : std::log(x); }
+template <typename T> PI_INLINE T pi_log2(T x) { return x < 0 ? (T)NAN : std::log2(x); }
 // sign(NaN) is 0, as eager's (0 < a) - (a < 0)
 template <typename T> PI_INLINE T pi_sign(T a) { return (T)((a > 0) - (a < 0)); }
 // float -> integer as eager converts on x86 (cvttss2si): NaN and values out of the 32- or
