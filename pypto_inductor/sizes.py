@@ -71,7 +71,10 @@ def _source(x: Any) -> str:
         return f"({inner},)" if isinstance(x, tuple) else f"[{inner}]"
     if is_symbolic(x):
         return f"({_PRINTER.doprint(x)})"
-    return repr(_to_python(x))
+    x = _to_python(x)
+    if isinstance(x, float) and not math.isfinite(x):  # repr gives inf / nan: no such names
+        return f"float({repr(x)!r})"
+    return repr(x)
 
 
 def size_source(x: Any) -> str:

@@ -185,3 +185,20 @@ def test_nan_of_a_negative_input_keeps_eagers_sign(op, dtype):
     assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     signs = _compile(lambda x: f(x).signbit(), "cpu")(x)
     assert torch.equal(signs, f(x).signbit())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("value", [float("-inf"), float("inf"), float("nan")])
+def test_fill_with_a_non_finite_value_under_dynamic(target, value):
+    """Seed 21061: under dynamic=True the reference target evaluated fill_'s arguments with
+    a size function whose source printed -inf as ``-inf`` (NameError)."""
+    def fn(x0, x2):
+        x0.fill_(value)
+        return x2 * 2.0, x0 + 1.0
+    compiled = _compile(fn, target, dynamic=True)
+    for shape in [(5, 32, 9), (48, 12, 11)]:
+        a, b = torch.randn(shape), torch.randn(64, 32)
+        a2 = a.clone()
+        want = fn(a2, b)
+        assert_close(compiled(a, b), want, equal_nan=True)
+        assert_close(a, a2, equal_nan=True)
