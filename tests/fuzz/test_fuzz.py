@@ -7,8 +7,10 @@ writes its standalone repro under pytest's tmp_path and names it in the message.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,6 +128,9 @@ def test_repro_script_runs_standalone(tmp_path):
                       ["v0"], False)
     path = tmp_path / "repro.py"
     path.write_text(repro_source(program, "reference", True, []))
+    root = str(Path(__file__).resolve().parents[2])  # this tree's package, not an installed one
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path)
+                         timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-2000:]
