@@ -202,3 +202,26 @@ def test_fill_with_a_non_finite_value_under_dynamic(target, value):
         want = fn(a2, b)
         assert_close(compiled(a, b), want, equal_nan=True)
         assert_close(a, a2, equal_nan=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_gemm_epilogue_reading_a_value_named_mm(dynamic):
+    """Seed 21160: abs(x0 @ x3) and (x0 @ x3) @ x4, backward: the GEMM tile of the gradient
+    reads the saved forward product, which AOTAutograd names ``mm``; the epilogue took it
+    for its own product (the source tag was the string "mm"), so sign() flipped the
+    gradient of x0."""
+    def fn(x0, x3, x4):
+        v7 = torch.matmul(x0, x3)
+        return torch.abs(v7), torch.matmul(v7, x4)
+    compiled = _compile(fn, "cpu", dynamic)
+    g = torch.Generator().manual_seed(3)
+    for n in (11, 19):
+        xs = [torch.randn(n, n, generator=g), torch.randn(n, 7, generator=g),
+              torch.randn(7, 2, generator=g)]
+        a = [x.clone().requires_grad_() for x in xs]
+        b = [x.clone().requires_grad_() for x in xs]
+        gouts = [torch.randn(n, 7, generator=g), torch.randn(n, 2, generator=g)]
+        want = torch.autograd.grad(fn(*a), a, gouts)
+        got = torch.autograd.grad(compiled(*b), b, gouts)
+        for x, y in zip(got, want):
+            assert_close(x, y)

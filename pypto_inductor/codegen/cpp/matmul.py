@@ -39,6 +39,9 @@ from . import alloc
 from .program import NotNative
 
 MM = "pi_mm"  # the epilogue program's name for the matmul result
+# the source of the epilogue input MM: not a graph value name (a saved forward value may be
+# named "mm": fuzz seed 21160, whose epilogue then read the product in its place)
+PRODUCT = "<matmul product>"
 
 # oneDNN post-ops for a Linear's one-op epilogue: tile op -> (attr, algorithm); gelu by
 # its approximate attribute. False: every epilogue is a native pass (benchmarks compare).
@@ -124,7 +127,7 @@ def plan(tile: FusionTile, graph: TileGraph):
         raise NotNative("the epilogue does not have the matmul's size")
     specs = dict(graph.specs)
     specs[MM] = TensorSpec(T, _contiguous(T), mm.out.dtype)
-    sources: dict[str, tuple] = {MM: ("mm", T)}  # epilogue input -> (source, shape)
+    sources: dict[str, tuple] = {MM: (PRODUCT, T)}  # epilogue input -> (source, shape)
     env: dict[str, str] = {mm.name: MM}  # tile value -> epilogue value (in domain T)
     bias = None
     if bias_add is not None:
@@ -255,7 +258,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
         return Kernel(kernel, native=True)
     feeds = []  # (slot or -1 for the matmul result, reshape fn or None)
     for _, (src, shape) in srcs:
-        feeds.append((-1 if src == "mm" else slot[src],
+        feeds.append((-1 if src == PRODUCT else slot[src],
                       None if shape is None else shape_fn(shape)))
 
     # the epilogue's outputs are allocated in the tile's shapes (the first getter's), so the
