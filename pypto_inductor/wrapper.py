@@ -123,7 +123,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     deferred: dict[int, tuple[list, list]] = {}  # chain tail slot -> frees/recycles held back
     order = {outs[0]: i for i, (kind, _, _, _, outs, _) in enumerate(program) if kind == "view"}
     last_tail: dict[int, int] = {}  # a chain's base -> the tail of its last chain
-    for tail, (base, _, _) in chains.items():
+    for tail, (base, _, _, _) in chains.items():
         if order[tail] > order.get(last_tail.get(base), -1):
             last_tail[base] = tail
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
@@ -166,17 +166,19 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 out.append(f"    {t}.append((perf_counter() - start) * 1e6)")
         elif kind == "view" and outs[0] in interior:  # computed by its chain's tail
             # what dies here (the base) lives until the last chain of that base is made
-            tail = next(t for t, (_, slots, _) in chains.items() if outs[0] in slots)
+            tail = next(t for t, (_, slots, _, _) in chains.items() if outs[0] in slots)
             for j, dying in enumerate((free, recycle)):
                 for s in dying:
                     if s not in interior:
                         deferred.setdefault(last_tail.get(s, tail), ([], []))[j].append(s)
             free, recycle = [], []
         elif kind == "view" and outs[0] in chains:
-            base, _, fns = chains[outs[0]]
+            base, _, fns, sized = chains[outs[0]]
             c = code.bind("chain", _ViewChain(fns))
             b = names[base]
-            out += [f"    key = (syms, {b}.stride())",
+            # views of static attributes depend on the base's layout alone: a decode step's
+            # growing cache length (a size symbol) does not miss the cache
+            out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
                     f"    view = {c}.layouts.get(key)",
                     "    if view:",
                     f"        {defs[0]} = {b}.as_strided(view[0], view[1], "
@@ -232,7 +234,8 @@ _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs abou
 class _ViewChain:
     """A chain of views (reshape, narrow, permute, ...) from one base, each the only
     reader of the one before, as one ``as_strided`` call: the chain runs through its
-    views once per (size symbols, base strides) and the result's sizes, strides and
+    views once per base sizes and strides (and size symbols, where a view's attribute
+    is a size expression) and the result's sizes, strides and
     offset from the base are kept; a chain whose reshape had to copy keeps running
     through its views (its entry is False)."""
 
@@ -253,17 +256,19 @@ class _ViewChain:
         return t
 
 
-def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list]]:
-    """tail slot -> (base slot, the chain's view slots in order, their runners) for each
-    chain of at least _MIN_CHAIN views where every view but the tail is read by the next
-    view only and returned by no one."""
+def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list, bool]]:
+    """tail slot -> (base slot, the chain's view slots in order, their runners, whether
+    an attribute of theirs is a size expression) for each chain of at least _MIN_CHAIN
+    views where every view but the tail is read by the next view only and returned by
+    no one."""
     readers: dict[int, list] = {}
     for kind, name, fn, ins, outs, step in program:
         for s in ins:
             readers.setdefault(s, []).append(kind)
     slots = dict(graph_slots(graph, program))
     returned = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
-    views = {outs[0]: (ins[0], fn) for kind, name, fn, ins, outs, step in program
+    views = {outs[0]: (ins[0], fn, _has_refs(step.attrs))
+             for kind, name, fn, ins, outs, step in program
              if kind == "view" and len(ins) == 1 and outs and outs[0] is not None}
     chains = {}
     for tail in views:
@@ -272,9 +277,10 @@ def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list]]:
             chain.append(s)
             s = views[s][0]
         if len(chain) >= _MIN_CHAIN:
-            chains[tail] = (s, chain[::-1], [views[v][1] for v in chain[::-1]])
+            chains[tail] = (s, chain[::-1], [views[v][1] for v in chain[::-1]],
+                            any(views[v][2] for v in chain))
     # a tail that is itself inside a longer chain is not a tail
-    inner = {v for _, c, _ in chains.values() for v in c[:-1]}
+    inner = {v for _, c, _, _ in chains.values() for v in c[:-1]}
     return {t: c for t, c in chains.items() if t not in inner}
 
 
