@@ -120,6 +120,14 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         code.bound["pool_empty"] = pool.empty
     static = _static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
     known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
+    chains = _view_chains(graph, program) if COLLAPSE_VIEWS else {}
+    interior = {s for chain in chains.values() for s in chain[1][:-1]}
+    deferred: dict[int, tuple[list, list]] = {}  # chain tail slot -> frees/recycles held back
+    order = {outs[0]: i for i, (kind, _, _, _, outs, _) in enumerate(program) if kind == "view"}
+    last_tail: dict[int, int] = {}  # a chain's base -> the tail of its last chain
+    for tail, (base, _, _, _) in chains.items():
+        if order[tail] > order.get(last_tail.get(base), -1):
+            last_tail[base] = tail
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
@@ -130,7 +138,11 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if profile:
                 t = code.bind("times", timings.setdefault(name, []))
                 out.append("    start = perf_counter()")
-            if launch is not None:  # the native call written out (launcher.Launch)
+            if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
+                k = f"k{len(code.bound)}"
+                code.bound.update(launch.bindings(k))
+                out += launch.source(k, [names[s] for s in ins], defs, code.size)
+            elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
                 code.bound.setdefault("native_call", launch.call)
@@ -156,12 +168,38 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                            else f"    {call}")
             if profile:
                 out.append(f"    {t}.append((perf_counter() - start) * 1e6)")
+        elif kind == "view" and outs[0] in interior:  # computed by its chain's tail
+            # what dies here (the base) lives until the last chain of that base is made
+            tail = next(t for t, (_, slots, _, _) in chains.items() if outs[0] in slots)
+            for j, dying in enumerate((free, recycle)):
+                for s in dying:
+                    if s not in interior:
+                        deferred.setdefault(last_tail.get(s, tail), ([], []))[j].append(s)
+            free, recycle = [], []
+        elif kind == "view" and outs[0] in chains:
+            base, _, fns, sized = chains[outs[0]]
+            c = code.bind("chain", _ViewChain(fns))
+            b = names[base]
+            # views of static attributes depend on the base's layout alone: a decode step's
+            # growing cache length (a size symbol) does not miss the cache
+            out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
+                    f"    view = {c}.layouts.get(key)",
+                    "    if view:",
+                    f"        {defs[0]} = {b}.as_strided(view[0], view[1], "
+                    f"{b}.storage_offset() + view[2])",
+                    "    else:",
+                    f"        {defs[0]} = {c}.run({b}, syms, key)"]
+            if base in known:
+                known.add(outs[0])
+            held = deferred.pop(outs[0], ([], []))
+            free, recycle = held[0] + list(free), held[1] + list(recycle)
         elif kind == "view":
             out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
             if ins and ins[0] in known:
                 known.add(outs[0])
         else:
             out += _extern(code, step, fn, defs, args, names, slot)
+        free = [s for s in free if s not in interior]
         if free:  # first: a dead view still holds its base's storage
             out.append(f"    del {', '.join(names[s] for s in free)}")
         for s in [s for s in recycle if s in static]:  # kept for a later kernel's output
@@ -193,6 +231,63 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     return src, code.bound
 
 
+COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
+_MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
+
+
+class _ViewChain:
+    """A chain of views (reshape, narrow, permute, ...) from one base, each the only
+    reader of the one before, as one ``as_strided`` call: the chain runs through its
+    views once per base sizes and strides (and size symbols, where a view's attribute
+    is a size expression) and the result's sizes, strides and
+    offset from the base are kept; a chain whose reshape had to copy keeps running
+    through its views (its entry is False)."""
+
+    def __init__(self, fns):
+        self.fns = fns
+        self.layouts: dict = {}
+
+    def run(self, base, syms, key):
+        t = base
+        for fn in self.fns:
+            t = fn([t], syms)
+        same = t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() \
+            and t.dtype == base.dtype and t.device == base.device
+        if len(self.layouts) >= 256:
+            self.layouts.pop(next(iter(self.layouts)))
+        self.layouts[key] = (tuple(t.shape), tuple(t.stride()),
+                             t.storage_offset() - base.storage_offset()) if same else False
+        return t
+
+
+def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list, bool]]:
+    """tail slot -> (base slot, the chain's view slots in order, their runners, whether
+    an attribute of theirs is a size expression) for each chain of at least _MIN_CHAIN
+    views where every view but the tail is read by the next view only and returned by
+    no one."""
+    readers: dict[int, list] = {}
+    for kind, name, fn, ins, outs, step in program:
+        for s in ins:
+            readers.setdefault(s, []).append(kind)
+    slots = dict(graph_slots(graph, program))
+    returned = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
+    views = {outs[0]: (ins[0], fn, _has_refs(step.attrs))
+             for kind, name, fn, ins, outs, step in program
+             if kind == "view" and len(ins) == 1 and outs and outs[0] is not None}
+    chains = {}
+    for tail in views:
+        chain, s = [tail], views[tail][0]
+        while s in views and readers.get(s) == ["view"] and s not in returned:
+            chain.append(s)
+            s = views[s][0]
+        if len(chain) >= _MIN_CHAIN:
+            chains[tail] = (s, chain[::-1], [views[v][1] for v in chain[::-1]],
+                            any(views[v][2] for v in chain))
+    # a tail that is itself inside a longer chain is not a tail
+    inner = {v for _, c, _, _ in chains.values() for v in c[:-1]}
+    return {t: c for t, c in chains.items() if t not in inner}
+
+
 def _static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     """Kernel outputs whose buffers a later kernel may write into once they are dead,
     decided at compile time (as Inductor's wrapper reuses buffers): slot -> (shape, dtype).
@@ -205,6 +300,8 @@ def _static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     bad = set()
     for kind, name, fn, ins, outs, step in program:
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        if getattr(launch, "gemm", False):  # a torch call: its buffers take the refcount check
+            launch = None
         for s in ins:
             r = root.get(s, s)
             if r in key and not (kind == "view" or launch is not None):

@@ -269,3 +269,89 @@ def test_causal_tril_mask_becomes_is_causal():
     args, kwargs = sdpa[0].args, sdpa[0].kwargs
     assert kwargs.get("is_causal", args[4] if len(args) > 4 else False) is True
     assert kwargs.get("attn_mask") is None
+
+
+def _sdpa_calls(reports):
+    """(is_causal, has a mask) of every SDPA call in the compiled graphs."""
+    calls = []
+    for r in reports:
+        for n in r.plan.graph.nodes:
+            if isinstance(n, ExternOp) and op_name(n.fn) == SDPA:
+                causal = n.kwargs.get("is_causal", n.args[4] if len(n.args) > 4 else False)
+                calls.append((causal, n.kwargs.get("attn_mask") is not None))
+    return calls
+
+
+def _zoo_forward(name, impl, padding):
+    """Logits of a zoo model, eager and compiled, and the compiled graphs' reports."""
+    pytest.importorskip("transformers")
+    from pypto_inductor import zoo
+
+    model = zoo.build(name)
+    model.config._attn_implementation = impl
+    batch = zoo.batch(name)
+    batch.pop("labels")
+    if padding:  # the second sequence padded at the end
+        batch["attention_mask"][1, -5:] = 0
+    else:
+        batch.pop("attention_mask")
+    torch._dynamo.reset()
+    with torch.no_grad(), collect() as reports:
+        ref = model(**batch).logits
+        out = torch.compile(model, backend="pypto")(**batch).logits
+    return out, ref, list(reports)
+
+
+@pytest.mark.parametrize("name,impl", [("gpt2", "sdpa"), ("gpt2", "eager"), ("llama", "sdpa"),
+                                       ("qwen2", "eager")])
+def test_transformers_causal_mask_becomes_is_causal(name, impl):
+    # transformers' masking utils build the causal mask from aranges (a float mask of the
+    # dtype's minimum above the diagonal for eager attention, a bool one for SDPA): computed
+    # from no input, it is evaluated at compile time and found equal to is_causal's mask
+    out, ref, reports = _zoo_forward(name, impl, padding=False)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    from pypto_inductor import zoo
+
+    assert _sdpa_calls(reports) == [(True, False)] * zoo.LAYERS
+
+
+@pytest.mark.parametrize("name,impl,padding", [
+    ("gpt2", "sdpa", True), ("gpt2", "eager", True), ("llama", "eager", True),
+    ("mistral", "sdpa", True), ("mistral", "sdpa", False), ("mistral", "eager", False)])
+def test_masks_that_are_not_only_causal_stay(name, impl, padding):
+    # a padding mask reads an input; Mistral's sliding window (shorter than the sequence)
+    # is not the causal mask: the mask stays, is_causal does not appear
+    out, ref, reports = _zoo_forward(name, impl, padding)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    from pypto_inductor import zoo
+
+    assert _sdpa_calls(reports) == [(False, True)] * zoo.LAYERS
+
+
+def _masked_later(q, k, v, _):
+    n = q.shape[-2]
+    m = torch.ones(n, n, dtype=torch.bool).tril()
+    m[0, 1] = True  # written in place after it was built: not the causal mask any more
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def _mild_float_mask(q, k, v, _):
+    n = q.shape[-2]
+    bias = torch.full((n, n), -1e4).triu(1)  # masks with -1e4, not the dtype's minimum
+    return torch.matmul(F.softmax(q @ k.transpose(-1, -2) * 0.3 + bias, dim=-1), v)
+
+
+def _all_true(q, k, v, _):
+    n = q.shape[-2]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(n, n, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("fn,want", [(_masked_later, [(False, True)]),
+                                     (_mild_float_mask, [(False, True)]),
+                                     (_all_true, [(False, False)])],
+                         ids=["written_in_place", "mild_float", "all_true"])
+def test_constant_masks_judged_by_value(fn, want):
+    inputs = _inputs(causal_bool)
+    (eo, _, _), (co, _, reports) = _run(fn, inputs, grad=False)
+    torch.testing.assert_close(co, eo, **_tol(torch.float32))
+    assert _sdpa_calls(reports) == want

@@ -17,13 +17,20 @@ A chain is rewritten only when the result is the same computation:
 - then multiplications or divisions by Python numbers only (the scale; none is scale 1:
   T5), then additive float masks or biases (added in order, as one mask) and
   ``masked_fill(m, -inf)`` / ``where(m, scores, -inf)`` boolean masks (causal, padding,
-  sliding window: any mask is just a mask; ``ones(n, n, dtype=bool).tril()`` built in
-  the graph is SDPA's ``is_causal``), in this order (a scale after a mask is not
-  SDPA's form);
+  sliding window: any mask is just a mask), in this order (a scale after a mask is not
+  SDPA's form); a scale may be a 0-d tensor the graph computes from no input (GPT-2);
 - ``softmax`` over the last dim (optionally computed in float32 and cast back), dropout
   that does nothing (p == 0 or not training), then ``probs @ v``;
 - every intermediate (scores, probabilities, ...) read by the next op only: where the
   probabilities are returned (``output_attentions``) or used elsewhere, the chain stays.
+Causal masks: ``ones(n, n, dtype=bool).tril()`` built in the graph, or any mask the
+graph computes from no input at all (transformers' masking utils build theirs from
+``arange``s of static sizes when there is no padding mask) whose value, evaluated once at
+compile time, is the causal mask (bool, or float with 0 and the dtype's minimum or -inf)
+becomes SDPA's ``is_causal`` with no mask read; this holds for masks given to SDPA calls
+already in the graph too, and a constant mask that masks nothing is dropped. A mask that
+reads an input (a padding mask), is written in place, draws random numbers or has
+symbolic sizes is never evaluated and stays a mask.
 The one known difference: a query row whose every key is masked with -inf is 0 in
 SDPA and NaN in eager (with transformers' masks, which use the dtype's minimum, there
 is no such row).
@@ -141,6 +148,9 @@ def _cast_dtype(node: fx.Node):
         if len(rest) == 1 and isinstance(rest[0], torch.dtype) and rest[0].is_floating_point \
                 and set(node.kwargs) <= {"dtype"}:
             return rest[0]
+    if node.target == "type" and len(node.args) == 2 and not node.kwargs \
+            and isinstance(node.args[1], torch.dtype) and node.args[1].is_floating_point:
+        return node.args[1]  # GPT-2: attn_weights.type(value.dtype)
     if node.target == "type_as" and len(node.args) == 2:
         v = _val(node.args[1])
         if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
@@ -242,8 +252,9 @@ def _match(softmax: fx.Node) -> _Chain:
         if _is(node, _MUL, ("mul", "mul_", "__mul__")) and len(node.args) == 2 \
                 and not node.kwargs:
             a, b = node.args
-            chain, c = (a, b) if isinstance(a, fx.Node) else (b, a)
-            if not _number(c):
+            chain, c = (a, b) if _is_scores_side(a) else (b, a)
+            c = _scalar(c)
+            if not (_number(c) and isinstance(chain, fx.Node)):
                 raise _NoMatch(f"{node.name} scales the scores by a tensor")
             scale *= c
             node, stage = chain, "scale"
@@ -251,6 +262,7 @@ def _match(softmax: fx.Node) -> _Chain:
         if _is(node, _DIV, ("div", "div_", "__truediv__")) and len(node.args) == 2 \
                 and not node.kwargs:
             chain, c = node.args
+            c = _scalar(c)
             if not (isinstance(chain, fx.Node) and _number(c)) or c == 0:
                 raise _NoMatch(f"{node.name} divides the scores by a tensor")
             scale /= c
@@ -290,6 +302,17 @@ def _match(softmax: fx.Node) -> _Chain:
         raise _NoMatch(f"scale {scale}")
     nodes = [mm1] + nodes_before[::-1] + [softmax] + nodes_after + [mm2]
     return _Chain(mm1, mm2, q, kt, v, scale, masks[::-1], nodes)
+
+
+def _scalar(x):
+    """A Python number, or the number a 0-d tensor the graph computes from no input holds
+    (GPT-2 divides by ``torch.full([], head_dim ** 0.5)``); anything else as it is."""
+    if isinstance(x, fx.Node) and isinstance(_val(x), torch.Tensor) and _val(x).dim() == 0 \
+            and _val(x).dtype.is_floating_point:
+        v = _constant(x)
+        if v is not None:
+            return float(v)
+    return x
 
 
 def _is_scores_side(node: fx.Node) -> bool:
@@ -346,11 +369,148 @@ def _is_causal_tril(node) -> bool:
     return isinstance(v, torch.Tensor) and v.dim() == 2 and _same(v.shape[0], v.shape[1])
 
 
+# Names of ops whose result is not a function of their arguments: a mask computed through
+# one of them is never evaluated at compile time.
+_IMPURE = ("rand", "normal", "bernoulli", "dropout", "uniform", "multinomial", "empty",
+           "poisson", "exponential", "geometric", "cauchy", "seed")
+_EVAL_LIMIT = 1 << 22  # elements of any value computed while evaluating a mask
+
+
+def _static_shape(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return all(type(d) is int for d in v.shape) and v.numel() <= _EVAL_LIMIT
+    if isinstance(v, (tuple, list)):
+        return all(_static_shape(x) for x in v)
+    return not isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _constant(node) -> torch.Tensor | None:
+    """The value of ``node`` when the graph computes it from no input at all (transformers'
+    masking utils build a mask without padding from ``arange``s of the static sizes): the
+    node's ancestors run once here, on real tensors. None when any ancestor reads a graph
+    input, a parameter or a symbolic size, draws random numbers, writes in place, or when
+    evaluating fails: then nothing is assumed about the mask."""
+    if not isinstance(node, fx.Node):
+        return None
+    if "pypto_constant" not in node.meta:  # masks are shared by every layer: evaluate once
+        node.meta["pypto_constant"] = _evaluate(node)
+    return node.meta["pypto_constant"]
+
+
+def _mutates(n: fx.Node) -> bool:
+    """Whether ``n`` may write into one of its arguments (an in-place op)."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if n.op == "call_function" and getattr(n.target, "__module__", None) in ("_operator",
+                                                                           "operator"):
+        return n.target in _INPLACE_OPERATORS  # and_, or_: not in place
+    return name.endswith("_") and not name.startswith("__") or "setitem" in name \
+        or (name.startswith("__i") and name.endswith("__") and name not in ("__invert__",))
+
+
+_INPLACE_OPERATORS = {getattr(operator, f"i{op}") for op in (
+    "add", "and", "or", "xor", "sub", "mul", "truediv", "floordiv", "mod", "pow",
+    "lshift", "rshift", "matmul")} | {operator.setitem}
+
+
+# ops whose result may share memory with their first argument
+_ALIASING = {"view", "reshape", "expand", "expand_as", "view_as", "transpose", "permute",
+             "unsqueeze", "squeeze", "narrow", "select", "t", "as_strided", "unflatten",
+             "flatten", "split", "chunk", "unbind", "detach", "to", "contiguous", "type_as",
+             "getitem", "__getitem__", "movedim", "swapaxes", "diagonal", "T", "mT",
+             "broadcast_to", "type", "float", "bool", "long", "int", "half", "bfloat16"}
+
+
+def _written(node: fx.Node) -> bool:
+    """Whether anything in the graph may write into ``node``'s memory: an in-place op on
+    it or on a view of it."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if _mutates(u):
+                return True
+            name = u.target if isinstance(u.target, str) else getattr(u.target, "__name__", "")
+            if name in _ALIASING:
+                todo.append(u)
+    return False
+
+
+def _evaluate(node: fx.Node) -> torch.Tensor | None:
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op not in ("call_function", "call_method") or not _static_shape(_val(n)):
+            return None
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if not name or any(w in name.lower() for w in _IMPURE) or name in ("item", "tolist") \
+                or _mutates(n) \
+                or _written(n):
+            return None
+        todo += n.all_input_nodes
+    env = {}
+    try:
+        for n in (n for n in node.graph.nodes if n in seen):  # in graph order
+            args = fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = fx.node.map_arg(n.kwargs, env.__getitem__)
+            if n.op == "call_method":
+                env[n] = getattr(args[0], n.target)(*args[1:], **kwargs)
+            else:
+                env[n] = n.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op that does not run here: assume nothing
+        return None
+    v = env[node]
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _mask_kind(mask, kind: str, q_len: int, k_len: int) -> str | None:
+    """What a constant mask of the scores (queries x keys, broadcast over the leading
+    dims) computes: ``"none"`` (every key attended), ``"causal"`` (key j attended by query
+    i exactly when j <= i: SDPA's is_causal), or None. ``kind``: ``"keep"`` (bool, True =
+    attend), ``"drop"`` (bool, True = masked) or ``"add"`` (float: 0 attended; the dtype's
+    minimum or -inf masked, which the softmax turns into exactly 0, as eager computes it)."""
+    if mask.dim() < 2 or not _broadcasts(tuple(mask.shape[-2:]), (q_len, k_len)):
+        return None
+    m = torch.broadcast_to(mask, (*mask.shape[:-2], q_len, k_len))
+    if kind == "add":
+        if not mask.dtype.is_floating_point:
+            return None
+        attend = m == 0
+        if not bool((attend | (m <= torch.finfo(m.dtype).min)).all()):
+            return None
+    elif mask.dtype == torch.bool:
+        attend = m if kind == "keep" else ~m
+    else:
+        return None
+    if bool(attend.all()):
+        return "none"
+    tril = torch.ones(q_len, k_len, dtype=torch.bool).tril()
+    return "causal" if q_len == k_len and torch.equal(attend, tril.expand_as(attend)) else None
+
+
+def _constant_mask_kind(mask_node, kind: str, scores) -> str | None:
+    if not (isinstance(scores, torch.Tensor) and scores.dim() >= 2
+            and all(type(d) is int for d in scores.shape[-2:])):
+        return None
+    value = _constant(mask_node)
+    return None if value is None else _mask_kind(value, kind, *scores.shape[-2:])
+
+
 def _causal(chain: _Chain) -> bool:
-    """Whether the chain's only mask is the causal one over square scores."""
+    """Whether the chain's only mask is the causal one over square scores: built as
+    ``ones().tril()`` in the graph, or a mask the graph computes from no input that equals
+    it (evaluated at compile time: transformers' causal masks)."""
     if len(chain.masks) != 1:
         return False
     kind, m = chain.masks[0]
+    s = _val(chain.mm1)
+    if _constant_mask_kind(m, kind, s) == "causal":
+        return True
     if kind == "drop":
         if not (_is(m, {operator.invert, torch.logical_not}, ("logical_not", "__invert__"))
                 and len(m.args) == 1):
@@ -358,12 +518,63 @@ def _causal(chain: _Chain) -> bool:
         m = m.args[0]
     elif kind != "keep":
         return False
-    s = _val(chain.mm1)
     return _is_causal_tril(m) and _same(_val(m).shape[0], s.shape[-1]) \
         and _same(s.shape[-2], s.shape[-1])
 
 
-def _rewrite(gm: fx.GraphModule, chain: _Chain) -> None:
+def _erase_dead(node: fx.Node) -> None:
+    """Erase ``node`` and its ancestors that nothing reads any more (a mask's ops: pure,
+    as :func:`_constant` checked)."""
+    todo, gone = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in gone or n.users or n.op not in ("call_function", "call_method"):
+            continue
+        gone.add(n)
+        inputs = n.all_input_nodes
+        n.graph.erase_node(n)
+        todo += inputs
+
+
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+_SDPA_PARAMS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _simplify_sdpa_mask(node: fx.Node) -> AttentionDecision | None:
+    """An SDPA call whose ``attn_mask`` the graph computes from no input (transformers'
+    masking utils without a padding mask) and that equals the causal mask becomes
+    ``is_causal=True`` without a mask; one that masks nothing is dropped. Masks that read
+    an input (padding) stay as they are."""
+    if len(node.args) < 3 or len(node.args) > 3 + len(_SDPA_PARAMS):
+        return None
+    kw = dict(zip(_SDPA_PARAMS, node.args[3:]))
+    if set(kw) & set(node.kwargs):
+        return None
+    kw.update(node.kwargs)
+    mask = kw.get("attn_mask")
+    if not isinstance(mask, fx.Node) or kw.get("is_causal", False) is not False:
+        return None
+    q, k = (_val(a) for a in node.args[:2])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+            and all(type(d) is int for d in (*q.shape[-2:], *k.shape[-2:]))):
+        return None
+    value = _constant(mask)
+    if value is None:
+        return None
+    kind = _mask_kind(value, "keep" if value.dtype == torch.bool else "add",
+                      q.shape[-2], k.shape[-2])
+    if kind is None:
+        return None
+    kw["attn_mask"], kw["is_causal"] = None, kind == "causal"
+    node.args, node.kwargs = tuple(node.args[:3]), kw
+    _erase_dead(mask)
+    return AttentionDecision(node.name, node.name, True,
+                             "attention mask computed from no input "
+                             + ("is the causal mask: is_causal, no mask read" if kind == "causal"
+                                else "masks nothing: dropped"))
+
+
+def _rewrite(gm: fx.GraphModule, chain: _Chain) -> bool:
     g = gm.graph
     causal = _causal(chain)
     dead = []
@@ -396,12 +607,15 @@ def _rewrite(gm: fx.GraphModule, chain: _Chain) -> None:
     chain.mm2.replace_all_uses_with(sdpa)
     for node in reversed(chain.nodes):
         g.erase_node(node)
+    if dead and _constant(dead[0]) is not None:  # pure ops of no input: all of them go
+        _erase_dead(dead.pop())
     while dead:
         node = dead.pop()
         if not node.users and (_is(node, {operator.invert, torch.logical_not, torch.ones,
                                           torch.tril}, ("tril", "logical_not", "__invert__"))):
             dead += [a for a in node.args if isinstance(a, fx.Node)]
             g.erase_node(node)
+    return causal
 
 
 def rewrite_attention(gm: fx.GraphModule, hw, threshold: float) -> list[AttentionDecision]:
@@ -411,7 +625,14 @@ def rewrite_attention(gm: fx.GraphModule, hw, threshold: float) -> list[Attentio
     decision per softmax that looked like attention."""
     decisions = []
     for node in list(gm.graph.nodes):
-        if node.graph is not gm.graph or not _is(node, _SOFTMAX, ("softmax",)):
+        if node.graph is not gm.graph:
+            continue
+        if _is(node, _SDPA):
+            d = _simplify_sdpa_mask(node)
+            if d is not None:
+                decisions.append(d)
+            continue
+        if not _is(node, _SOFTMAX, ("softmax",)):
             continue
         try:
             chain = _match(node)
@@ -423,9 +644,9 @@ def rewrite_attention(gm: fx.GraphModule, hw, threshold: float) -> list[Attentio
                               **_estimate(chain, hw))
         d.fused = d.roi_score >= threshold
         if d.fused:
-            _rewrite(gm, chain)
+            causal = _rewrite(gm, chain)
             d.reason = (f"attention -> one scaled_dot_product_attention call (ATen's CPU "
-                        f"flash kernel): predicted {d.flash_us:.1f} us against "
+                        f"flash kernel{', is_causal' if causal else ''}): predicted {d.flash_us:.1f} us against "
                         f"{d.unfused_us:.1f} us for its {len(chain.nodes)} ops unfused, "
                         "which move the score matrix through memory once per op")
         else:
@@ -433,6 +654,8 @@ def rewrite_attention(gm: fx.GraphModule, hw, threshold: float) -> list[Attentio
                         f"(predicted {d.unfused_us:.1f} us unfused, {d.flash_us:.1f} us for "
                         "ATen's flash kernel)")
         decisions.append(d)
+    for node in gm.graph.nodes:
+        node.meta.pop("pypto_constant", None)
     if any(d.fused for d in decisions):
         gm.graph.lint()
         gm.recompile()

@@ -111,9 +111,10 @@ def native_kernel(fn, program: Program) -> Kernel:
     exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks)),  # noqa: S102
          scope)
     launch = None
-    if call is not None and not program.writes and not checks:
+    if call is not None and not program.writes:
         launch = Launch(layouts, layout, call, scope["address"], tuple(dtypes), alloc.empty,
-                        tuple(tuple(spec.shape) for _, spec in program.outputs))
+                        tuple(tuple(spec.shape) for _, spec in program.outputs),
+                        raise_index_error if checks else None)
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
     return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program,
                   launch=launch)
@@ -132,6 +133,9 @@ class Launch:
     dtypes: tuple  # the outputs' dtypes
     empty: Callable  # the allocator when the runtime's pool does not serve the outputs
     shapes: tuple  # the outputs' shapes (sizes, sympy where symbolic)
+    # raise_index_error(code) when the kernel scans indices (its last buffer is the status,
+    # nonzero when an index was out of range: the kernel stopped before reading through it)
+    index_error: Callable | None = None
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
                reuse: dict[int, str] | None = None, known: list[bool] | None = None
@@ -146,6 +150,12 @@ class Launch:
         key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
                                    for i, kn in zip(ins, known))])
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
+        check = []
+        if self.index_error is not None:
+            tmp.append(f"{k}_status")
+            outs = [*outs, "_"]
+            check = [f"    if {k}_status.item():",
+                     f"        {k}_index_error({k}_status.item())"]
         return [f"    key = ({key},)",
                 f"    meta = {k}_layouts.get(key)",
                 "    if meta is None:",
@@ -154,10 +164,11 @@ class Launch:
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
                 "meta[0], meta[1], nthreads)",
+                *check,
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
                   if "_" in outs else [])]
 
     def bindings(self, k: str) -> dict:
         return {f"{k}_layouts": self.layouts, f"{k}_layout": self.layout,
-                f"{k}_address": self.address,
+                f"{k}_address": self.address, f"{k}_index_error": self.index_error,
                 **{f"{k}_dt{j}": dt for j, dt in enumerate(self.dtypes)}}

@@ -46,6 +46,10 @@ PRODUCT = "<matmul product>"
 # oneDNN post-ops for a Linear's one-op epilogue: tile op -> (attr, algorithm); gelu by
 # its approximate attribute. False: every epilogue is a native pass (benchmarks compare).
 ONEDNN_POST_OPS = True
+# Whether a bare GEMM (no native epilogue) is written into the graph's generated code as
+# the torch call itself (GemmCall) instead of a call of its Python wrapper; the benchmark
+# turns it off to compile the "before" form.
+INLINE_GEMMS = True
 _UNARY_POST_OPS = {"relu": ("relu", ""), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
                    "silu": ("swish", "")}
 
@@ -255,7 +259,12 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
             r = product(inputs)
             return [r if f is None else r.reshape(f(syms)) for _, _, f in outs_spec]
 
-        return Kernel(kernel, native=True)
+        operands = ((("in", ia), ("in", ib)) if bias is None
+                    else (("in", slot[bias]), ("in", ia), ("in", ib)))
+        fn = torch.matmul if bias is None else gemm
+        same = [(kind, idx, None if shape is None or _same_shape(shape, mm.out.shape)
+                 else shape) for kind, idx, shape in getters]  # no reshape to its own shape
+        return Kernel(kernel, native=True, launch=_gemm_call(fn, operands, same))
     feeds = []  # (slot or -1 for the matmul result, reshape fn or None)
     for _, (src, shape) in srcs:
         feeds.append((-1 if src == PRODUCT else slot[src],
@@ -330,4 +339,60 @@ def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kerne
         def kernel(inputs: list, syms: tuple) -> list:
             return [product(inputs, syms).reshape(reshape(syms))]
 
-    return Kernel(kernel, native=True)
+    b = ("const", None) if ib is None else ("in", ib)
+    if linear.other is None:
+        call = _gemm_call(lp, (("in", ix), ("t", iw), b, ("const", linear.attr), ("const", []),
+                               ("const", linear.algorithm)), [(None, None, reshape and shape)])
+    else:
+        call = _gemm_call(lp.binary, (("in", ix), ("view", io, tuple(mm.out.shape)),
+                                      ("t", iw), b, ("const", "add")),
+                          [(None, None, reshape and shape)])
+    return Kernel(kernel, native=True, launch=call)
+
+
+def _gemm_call(fn, operands, getters) -> GemmCall | None:
+    if not INLINE_GEMMS:
+        return None
+    return GemmCall(fn, operands, tuple(shape for _, _, shape in getters))
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCall:
+    """A GEMM tile (addmm, matmul, oneDNN linear) as the graph's generated code calls it
+    (wrapper.py): the torch call itself written out, its outputs (the product, reshaped
+    where the tile's outputs have other shapes) assigned directly: no wrapper frame, no
+    input or result list. The wrapper's own ``kernel`` stays for everything else."""
+
+    fn: object  # the torch function
+    # per argument: ("in", input index), ("t", input index): its transpose,
+    # ("view", input index, shape): a view of it, ("const", value)
+    operands: tuple
+    shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
+    gemm = True  # tells wrapper.py this is not a native kernel's Launch
+
+    def source(self, k: str, ins: list[str], outs: list[str], size) -> list[str]:
+        """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
+        ``size(expr)`` prints a size expression."""
+        args = []
+        for j, op in enumerate(self.operands):
+            if op[0] == "in":
+                args.append(ins[op[1]])
+            elif op[0] == "t":
+                args.append(f"{ins[op[1]]}.t()")
+            elif op[0] == "view":
+                args.append(f"{ins[op[1]]}.view(({''.join(size(d) + ', ' for d in op[2])}))")
+            else:
+                v = op[1]
+                args.append(repr(v) if v is None or type(v) in (str, int, bool) else f"{k}_c{j}")
+        lines = [f"    {k}_r = {k}_fn({', '.join(args)})"]
+        for o, shape in zip(outs, self.shapes):
+            if o == "_":
+                continue
+            lines.append(f"    {o} = {k}_r" if shape is None else
+                         f"    {o} = {k}_r.reshape(({''.join(size(d) + ', ' for d in shape)}))")
+        return lines + [f"    del {k}_r"]
+
+    def bindings(self, k: str) -> dict:
+        return {f"{k}_fn": self.fn,
+                **{f"{k}_c{j}": op[1] for j, op in enumerate(self.operands)
+                   if op[0] == "const" and not (op[1] is None or type(op[1]) in (str, int, bool))}}
