@@ -24,6 +24,7 @@ from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.attention import rewrite_attention
+from .lowering.conv import rewrite_convolutions
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
@@ -37,7 +38,7 @@ class UnsupportedOpsError(RuntimeError):
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
-                  attention: list | None = None):
+                  attention: list | None = None, convs: list | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
     the attention decisions made on the Dynamo graph, reported with the first graph."""
     name = f"g{next(_graph_ids)}_{kind}"
@@ -65,6 +66,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
     if attention:
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
+    if convs:  # the inference conv chains (lowering/conv.py), reported with the first graph
+        plan.decisions[:0] = [Decision(a, b, True, why, None) for a, b, why in convs]
+        convs.clear()
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
@@ -101,11 +105,12 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
+    convs = rewrite_convolutions(gm, example_inputs) if config.fusion else []
     with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
         return aot_autograd(
-            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention),
+            fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention, convs),
             bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
-            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference", attention),
+            inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference", attention, convs),
             decompositions=decomposition_table(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
