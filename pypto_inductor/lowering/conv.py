@@ -187,7 +187,10 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str] | None:
     stride, padding = _arg(conv, 3, "stride", 1), _arg(conv, 4, "padding", 0)
     dilation, groups = _arg(conv, 5, "dilation", 1), _arg(conv, 6, "groups", 1)
     xv, wv = _val(x), _val(w)
-    if (isinstance(padding, str) or not isinstance(groups, int) or xv is None or wv is None
+    ints = [e for v in (stride, padding, dilation) for e in (v if isinstance(v, (tuple, list))
+                                                             else [v])]
+    if (not all(isinstance(e, int) for e in ints) or not isinstance(groups, int)
+            or xv is None or wv is None
             or xv.dim() != 4 or wv.dim() != 4 or not _is_const(w) or not _is_const(b)):
         return None
     chain, bn, other, act = [conv], None, None, "none"
@@ -196,8 +199,10 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str] | None:
             and _arg(nxt, 5, "training", True) is False):
         bn_args = [_arg(nxt, i, k, None) for i, k in
                    ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias"))]
-        if bn_args[0] is not None and bn_args[1] is not None and all(map(_is_const, bn_args)):
-            bn = bn_args + [float(_arg(nxt, 7, "eps", 1e-5))]
+        eps = _arg(nxt, 7, "eps", 1e-5)  # a graph input when Dynamo made it symbolic
+        if (bn_args[0] is not None and bn_args[1] is not None and all(map(_is_const, bn_args))
+                and isinstance(eps, (int, float))):
+            bn = bn_args + [float(eps)]
             chain.append(nxt)
             nxt = _only_user(nxt)
     if (nxt is not None and nxt.target in _ADD and len(nxt.args) == 2 and not nxt.kwargs):
