@@ -61,10 +61,14 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
     """The op's body. The compiled graph calls this directly: a Python custom op's own
     dispatch costs ~50 us a call, as much as a small convolution."""
     x = x.contiguous(memory_format=torch.channels_last)
-    onednn = _onednn_ok(x, w)
-    w, b = _folded(site, x.shape if onednn else None, w, b, mean, var, gamma, beta, eps,
-                   stride, padding, dilation, groups)
-    if onednn:
+    hit = _FOLDED.get(site)
+    if (hit is None or hit[0] is not w or hit[1] is not b or hit[2] is not mean
+            or hit[3] is not var or hit[4] is not gamma or hit[5] is not beta
+            or hit[6] != _versions(w, b, mean, var, gamma, beta) or hit[7] != x.shape):
+        hit = _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
+                    groups)
+    w, b = hit[8], hit[9]
+    if hit[10]:
         if other is None:
             return torch.ops.mkldnn._convolution_pointwise(
                 x, w, b, padding, stride, dilation, groups, act, [], "")
@@ -96,23 +100,21 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in (torch.float32, torch.bfloat16) and w.dtype == x.dtype)
 
 
-# call site -> (tensors, their versions, input shape, folded weight, folded bias). The
-# tensors themselves are held, compared by identity: a freed tensor's address or id reused
-# by another can never match, and an in-place update bumps its version.
+# call site -> (w, b, mean, var, gamma, beta, their versions, input shape, folded weight,
+# folded bias, oneDNN or not). The tensors themselves are held and compared by identity: a
+# freed tensor's address or id reused by another can never match, and an in-place update
+# (load_state_dict, copy_) bumps its version.
 _FOLDED: dict[int, tuple] = {}
 
 
-def _folded(site, xshape, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
-            groups):
-    """(weight, bias) with the BatchNorm folded in, and the weight prepacked into oneDNN's
-    blocked layout for input shape ``xshape`` (None: no oneDNN); cached per site while no
-    tensor changed."""
-    ts = (w, b, mean, var, gamma, beta)
-    versions = tuple(None if t is None else t._version for t in ts)
-    hit = _FOLDED.get(site)
-    if (hit is not None and hit[2] == xshape and hit[1] == versions
-            and all(a is c for a, c in zip(hit[0], ts))):
-        return hit[3], hit[4]
+def _versions(*ts) -> tuple:
+    return tuple(None if t is None else t._version for t in ts)
+
+
+def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation, groups):
+    """(weight, bias) with the BatchNorm folded in, the weight prepacked into oneDNN's
+    blocked layout for ``x``'s shape when oneDNN runs it; filed under ``site``."""
+    onednn = _onednn_ok(x, w)
     with torch.no_grad():
         fw, fb = w, b
         if mean is not None:
@@ -126,11 +128,15 @@ def _folded(site, xshape, w, b, mean, var, gamma, beta, eps, stride, padding, di
                 shift = shift + beta.float()
             fw = (w.float() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
             fb = shift.to(w.dtype)
-        if xshape is not None:
+        if onednn:
             fw = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                fw.contiguous().to_mkldnn(), padding, stride, dilation, groups, list(xshape))
-    _FOLDED[site] = (ts, versions, xshape, fw, fb)
-    return fw, fb
+                fw.contiguous().to_mkldnn(), padding, stride, dilation, groups, list(x.shape))
+        else:
+            fw = fw.contiguous(memory_format=torch.channels_last)
+    hit = (w, b, mean, var, gamma, beta, _versions(w, b, mean, var, gamma, beta), x.shape,
+           fw, fb, onednn)
+    _FOLDED[site] = hit
+    return hit
 
 
 _sites = iter(range(1 << 62))
