@@ -3,17 +3,20 @@ VGG-style conv stack, eager, Inductor, pypto before (each convolution an ATen ex
 ReLU native tiles) and pypto (lowering/conv.py: BN folded, oneDNN post-ops, channels-last),
 interleaved in one process; medians and ratios.
 
-    python -m benchmarks.conv [--threads 1] [--rounds 5] [--repeats 20] [--dtype bfloat16]
+    python -m benchmarks.conv [--threads 1] [--cpu-time] [--rounds 5] [--repeats 20] [--dtype bfloat16]
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn as nn
 
 from pypto_inductor import zoo
 from pypto_inductor.lowering import conv
+
+import benchmarks
 
 from . import interleaved_medians, md_table
 
@@ -72,7 +75,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time the calling thread's CPU time (1 thread only): robust to load")
     a = p.parse_args(argv)
+    if a.cpu_time:
+        if a.threads != 1:
+            p.error("--cpu-time needs --threads 1")
+        benchmarks.CLOCK = time.thread_time
     header = ["case", "eager us", "inductor us", "pypto before us", "pypto us",
               "pypto vs before", "pypto vs eager", "pypto vs inductor"]
     rows = run(a.threads, a.rounds, a.repeats, getattr(torch, a.dtype), a.batch)

@@ -2,14 +2,17 @@
 RMSNorm, softmax) at 4096x1024, eager, Inductor and pypto interleaved in one process;
 medians and ratios.
 
-    python -m benchmarks.half [--threads 1] [--rounds 5] [--repeats 20] [--cases ln,softmax]
+    python -m benchmarks.half [--threads 1] [--cpu-time] [--rounds 5] [--repeats 20] [--cases ln,softmax]
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
+
+import benchmarks
 
 from . import interleaved_medians, md_table
 
@@ -58,7 +61,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--dtypes", default="bfloat16,float16")
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time the calling thread's CPU time (1 thread only): robust to load")
     a = p.parse_args(argv)
+    if a.cpu_time:
+        if a.threads != 1:
+            p.error("--cpu-time needs --threads 1")
+        benchmarks.CLOCK = time.thread_time
     rows = run(a.threads, a.rounds, a.repeats, [getattr(torch, d) for d in a.dtypes.split(",")],
                a.cases.split(","))
     print("\n".join(md_table(["case", "eager us", "inductor us", "pypto us", "pypto vs eager",
