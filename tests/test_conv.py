@@ -153,3 +153,23 @@ def test_switch_off_and_dynamic_batch(rewrites):
             assert rewrites == []
         finally:
             conv.ENABLED = True
+
+
+def _extern_reasons(graphs) -> list[str]:
+    return [r for g in graphs for r in g.to_dict()["extern_reasons"].values()]
+
+
+def test_as_strided_lowers_only_where_it_moves_no_element():
+    """The channels-last avg-pool's restriding is a view; a restriding that moves elements
+    (a transpose through storage) stays ATen's and matches eager."""
+    from pypto_inductor.report import collect
+    x = torch.randn(4, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    pool = lambda x: torch.flatten(F.adaptive_avg_pool2d(x * 2.0, 1), 1)  # noqa: E731
+    with torch.no_grad(), collect() as graphs:
+        torch.testing.assert_close(torch.compile(pool, backend="pypto")(x), pool(x))
+    assert not [r for r in _extern_reasons(graphs) if "as_strided" in r]
+    y = torch.randn(6, 6)
+    moved = lambda y: (y + 1.0).as_strided((6, 6), (1, 6)) * 3.0  # noqa: E731
+    with torch.no_grad(), collect() as graphs:
+        torch.testing.assert_close(torch.compile(moved, backend="pypto")(y), moved(y))
+    assert [r for r in _extern_reasons(graphs) if "moves elements" in r]
