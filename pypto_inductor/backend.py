@@ -67,7 +67,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
     if convs:  # the inference conv chains (lowering/conv.py), reported with the first graph
-        plan.decisions[:0] = [Decision(a, b, True, why, None) for a, b, why in convs]
+        plan.decisions[:0] = [Decision(a, b, True, why, _conv_roi(c, hw))
+                              for a, b, why, c in convs]
         convs.clear()
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
     if config.debug_dir:
@@ -88,6 +89,16 @@ def _attention_decision(d) -> Decision:
     return Decision(d.first, d.last, d.fused, d.reason, roi)
 
 
+def _conv_roi(c, hw) -> RoiEstimate:
+    """A rewritten conv chain (lowering/conv.py) as a roofline of both forms."""
+    common = c.conv_flops / hw.cube_flops_per_s * 1e6
+    bw = hw.gm_bandwidth_bytes_per_s / 1e6
+    unfused = common + c.unfused_bytes / bw + hw.launch_us * (1 + c.launches_saved)
+    fused = common + c.fused_bytes / bw + hw.launch_us
+    return RoiEstimate(unfused, fused, 100.0 * (1 - c.fused_bytes / c.unfused_bytes),
+                       100.0 * c.launches_saved / (1 + c.launches_saved), 0.0, common)
+
+
 def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
     root.mkdir(parents=True, exist_ok=True)
     name = plan.graph.name
@@ -105,7 +116,9 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
-    convs = rewrite_convolutions(gm, example_inputs) if config.fusion else []
+    # a convolution forced eager (fallback_ops) stays ATen's convolution
+    convs = rewrite_convolutions(gm, example_inputs) if config.fusion and not \
+        config.forced_fallback("aten.convolution.default") else []
     with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
         return aot_autograd(
             fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention, convs),

@@ -28,11 +28,13 @@ batch statistics and the weights get gradients, so folding would be wrong.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 _CONV = {torch.conv2d, F.conv2d}
 _BN = {F.batch_norm, torch.batch_norm}
@@ -40,6 +42,16 @@ _ADD = {operator.add, operator.iadd, torch.add}
 _RELU = {F.relu, torch.relu, torch.relu_, F.relu_}
 _OP_NAME = "pypto_inductor::conv_fused"
 ENABLED = True  # the benchmark's switch for the "before" form
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvCost:
+    """What the rewrite saves, for the fusion report's ROI: memory traffic of the passes
+    after the convolution, their launches, and the convolution's own flops (common)."""
+    unfused_bytes: int
+    fused_bytes: int
+    launches_saved: int
+    conv_flops: int
 
 
 def _pair(v) -> list[int]:
@@ -162,8 +174,8 @@ def _val(a):
     return a.meta.get("example_value") if isinstance(a, fx.Node) else None
 
 
-def rewrite_convolutions(gm: fx.GraphModule, example_inputs) -> list[tuple[str, str, str]]:
-    """Rewrite the inference conv chains of ``gm`` in place; (first, last, reason) per chain
+def rewrite_convolutions(gm: fx.GraphModule, example_inputs) -> list[tuple[str, str, str, "ConvCost"]]:
+    """Rewrite the inference conv chains of ``gm`` in place; (first, last, reason, cost) per chain
     (the backend reports each as a fusion decision)."""
     graph = gm.graph
     if not ENABLED:
@@ -187,7 +199,7 @@ def rewrite_convolutions(gm: fx.GraphModule, example_inputs) -> list[tuple[str, 
     return decisions
 
 
-def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str] | None:
+def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCost"] | None:
     x, w = conv.args[0], _arg(conv, 1, "weight", None)
     b = _arg(conv, 2, "bias", None)
     stride, padding = _arg(conv, 3, "stride", 1), _arg(conv, 4, "padding", 0)
@@ -238,11 +250,20 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str] | None:
     for n in reversed(chain):
         graph.erase_node(n)
     names = " -> ".join(n.name for n in chain)
+    yv = _val(conv)
+    out_bytes = optimization_hint(yv.numel(), fallback=1 << 16) * yv.element_size()
+    flops = 2 * out_bytes // yv.element_size() * optimization_hint(wv[0].numel(), fallback=1)
+    # bytes each form moves: unfused, every op after the convolution is a pass over its
+    # output (read + write; the add reads two); fused, the conv writes once (+ reads other)
+    n_add = int(other is not None)
+    unfused = out_bytes * (1 + 2 * (bn is not None) + 3 * n_add + 2 * (act != "none"))
+    fused = out_bytes * (1 + n_add)
+    cost = ConvCost(unfused, fused, len(chain) - 1, flops)
     return (chain[0].name, chain[-1].name,
                     f"inference conv chain {names}: one oneDNN convolution "
                     f"({'BatchNorm folded into the weights, ' if bn else ''}"
                     f"{'residual add and ' if other is not None else ''}{act} as post-ops,"
-                    " channels-last)")
+                    " channels-last)", cost)
 
 
 __all__ = ["conv_fused", "rewrite_convolutions"]
