@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import weakref
 
 import torch
 import torch.fx as fx
@@ -74,8 +75,8 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
     dispatch costs ~50 us a call, as much as a small convolution."""
     x = x.contiguous(memory_format=torch.channels_last)
     hit = _FOLDED.get(site)
-    if (hit is None or hit[0] is not w or hit[1] is not b or hit[2] is not mean
-            or hit[3] is not var or hit[4] is not gamma or hit[5] is not beta
+    if (hit is None or hit[0]() is not w or hit[1]() is not b or hit[2]() is not mean
+            or hit[3]() is not var or hit[4]() is not gamma or hit[5]() is not beta
             or hit[6] != _versions(w, b, mean, var, gamma, beta) or hit[7] != x.shape):
         hit = _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
                     groups)
@@ -112,11 +113,19 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype in (torch.float32, torch.bfloat16) and w.dtype == x.dtype)
 
 
-# call site -> (w, b, mean, var, gamma, beta, their versions, input shape, folded weight,
-# folded bias, oneDNN or not). The tensors themselves are held and compared by identity: a
-# freed tensor's address or id reused by another can never match, and an in-place update
-# (load_state_dict, copy_) bumps its version.
+# call site -> (weak refs to w, b, mean, var, gamma, beta, their versions, input shape,
+# folded weight, folded bias, oneDNN or not). The tensors are compared by identity through
+# weak refs (a dead one gives None, never a match; nothing keeps a deleted model's
+# parameters alive), and an in-place update (load_state_dict, copy_) bumps the version.
 _FOLDED: dict[int, tuple] = {}
+
+
+def _none():
+    return None
+
+
+def _ref(t):
+    return _none if t is None else weakref.ref(t)
 
 
 def _versions(*ts) -> tuple:
@@ -145,8 +154,8 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
                 fw.contiguous().to_mkldnn(), padding, stride, dilation, groups, list(x.shape))
         else:
             fw = fw.contiguous(memory_format=torch.channels_last)
-    hit = (w, b, mean, var, gamma, beta, _versions(w, b, mean, var, gamma, beta), x.shape,
-           fw, fb, onednn)
+    hit = (*(_ref(t) for t in (w, b, mean, var, gamma, beta)),
+           _versions(w, b, mean, var, gamma, beta), x.shape, fw, fb, onednn)
     _FOLDED[site] = hit
     return hit
 
