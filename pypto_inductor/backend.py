@@ -24,6 +24,7 @@ from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.attention import rewrite_attention
+from .lowering.conv import rewrite_convolutions
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
@@ -52,19 +53,20 @@ def _unexpected(where: str, e: Exception, config: Config) -> None:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
-                  attention: list | None = None):
+                  attention: list | None = None, convs: list | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
     the attention decisions made on the Dynamo graph, reported with the first graph.
     An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
     try:
-        return _compile_graph(gm, config, name, attention)
+        return _compile_graph(gm, config, name, attention, convs)
     except Exception as e:  # noqa: BLE001 - see _unexpected
         _unexpected(f"graph {name}", e, config)
         return make_boxed_func(gm.forward)
 
 
-def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None):
+def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None,
+                   convs: list | None):
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
         device = unsupported_device(gm, get_target(config.target))
@@ -89,6 +91,10 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
     if attention:
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
+    if convs:  # the inference conv chains (lowering/conv.py), reported with the first graph
+        plan.decisions[:0] = [Decision(a, b, True, why, _conv_roi(c, hw))
+                              for a, b, why, c in convs]
+        convs.clear()
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
@@ -108,6 +114,16 @@ def _attention_decision(d) -> Decision:
     return Decision(d.first, d.last, d.fused, d.reason, roi)
 
 
+def _conv_roi(c, hw) -> RoiEstimate:
+    """A rewritten conv chain (lowering/conv.py) as a roofline of both forms."""
+    common = c.conv_flops / hw.cube_flops_per_s * 1e6
+    bw = hw.gm_bandwidth_bytes_per_s / 1e6
+    unfused = common + c.unfused_bytes / bw + hw.launch_us * (1 + c.launches_saved)
+    fused = common + c.fused_bytes / bw + hw.launch_us
+    return RoiEstimate(unfused, fused, 100.0 * (1 - c.fused_bytes / c.unfused_bytes),
+                       100.0 * c.launches_saved / (1 + c.launches_saved), 0.0, common)
+
+
 def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
     root.mkdir(parents=True, exist_ok=True)
     name = plan.graph.name
@@ -125,13 +141,17 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
+    # a convolution forced eager (fallback_ops) stays ATen's convolution
+    convs = rewrite_convolutions(gm, example_inputs) if config.fusion and not \
+        config.forced_fallback("aten.convolution.default") else []
     try:
         with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
             return aot_autograd(
-                fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention),
+                fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention,
+                                                        convs),
                 bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
                 inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference",
-                                                               attention),
+                                                               attention, convs),
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)

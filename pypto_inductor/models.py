@@ -112,7 +112,7 @@ class LlamaBlock(nn.Module):
 
 
 class ConvBNReLU(nn.Module):
-    """Conv (runs eagerly: no conv lowering) + BatchNorm + ReLU."""
+    """Conv + BatchNorm + ReLU (eval without grad: one oneDNN call, lowering/conv.py)."""
 
     def __init__(self, cin: int = 3, cout: int = 8):
         super().__init__()

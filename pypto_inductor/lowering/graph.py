@@ -17,6 +17,7 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils._pytree import tree_map
 
 from ..config import Config
+from . import conv as _conv  # noqa: F401  (registers the pypto_inductor::conv_fused op)
 from ..ir import ExternOp, OpKind, SymSpec, TensorSpec, TileGraph, TileOp, ValueRef, op_name
 from ..sizes import contiguous_strides, is_symbolic
 from .registry import LOWERINGS, Unsupported
@@ -308,11 +309,18 @@ EAGER_BY_CHOICE = {
     _aten.convolution.default: "convolution: the oneDNN/GEMM kernel eager uses; no tile form",
     _aten.convolution_backward.default:
         "convolution backward: the oneDNN/GEMM kernels eager uses; no tile form",
+    torch.ops.pypto_inductor.conv_fused.default:
+        "inference conv chain (lowering/conv.py): one oneDNN convolution with the BatchNorm "
+        "folded into its weights and the add/ReLU as post-ops",
     _aten.max_pool2d_with_indices.default:
         "window op (as convolution): the eager kernel; no native window tile yet",
     _aten.max_pool2d_with_indices_backward.default:
         "window op (as convolution): the eager kernel; no native window tile yet",
 }
+
+
+# Our own custom ops, called as their Python body: skips the dispatcher's ~50 us per call.
+DIRECT_CALLS = {torch.ops.pypto_inductor.conv_fused.default: _conv.run_conv_fused}
 
 
 def _why_extern(node: fx.Node, target, config: Config) -> str | None:
@@ -373,6 +381,7 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
     for o, s in zip(outputs, specs):
         if o:
             graph.specs[o] = s
-    graph.nodes.append(ExternOp(node.name, node.target, args, kwargs, outputs, specs,
+    fn = DIRECT_CALLS.get(node.target, node.target)
+    graph.nodes.append(ExternOp(node.name, fn, args, kwargs, outputs, specs,
                                 reason, tuple_result))
     return tuple(outputs) if tuple_result else outputs[0]

@@ -50,6 +50,20 @@ def lower_expand(ctx, x, shape, implicit=False):
     return _view(ctx, "expand", x, shape=ctx.out_spec.shape)
 
 
+@register_lowering(aten.as_strided)
+def lower_as_strided(ctx, x, size, stride, storage_offset=None):
+    """Only the restriding that moves no element: the input's sizes, and its own strides on
+    every dim longer than 1 (AOTAutograd adds one to give a keepdim reduction of a
+    channels-last tensor eager's strides). Any other as_strided reads raw storage."""
+    src, out = ctx.node.args[0].meta.get("val"), ctx.node.meta["val"]
+    dims = () if src is None else (*src.shape, *src.stride(), *out.shape, *out.stride())
+    if (src is None or not all(isinstance(d, int) for d in dims) or storage_offset
+            or src.storage_offset() != 0 or tuple(src.shape) != tuple(out.shape)
+            or any(n != 1 and a != b for n, a, b in zip(out.shape, src.stride(), out.stride()))):
+        raise Unsupported("as_strided that moves elements (reads raw storage): no tile form")
+    return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+
+
 _MATMULS = {aten.mm.default, aten.bmm.default}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 

@@ -1,0 +1,93 @@
+"""Inference conv nets (conv + BatchNorm + ReLU, eval, no grad): the zoo's ResNet and a
+VGG-style conv stack, eager, Inductor, pypto before (each convolution an ATen extern, BN and
+ReLU native tiles) and pypto (lowering/conv.py: BN folded, oneDNN post-ops, channels-last),
+interleaved in one process; medians and ratios.
+
+    python -m benchmarks.conv [--threads 1] [--cpu-time] [--rounds 5] [--repeats 20] [--dtype bfloat16]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+
+from pypto_inductor import zoo
+from pypto_inductor.lowering import conv
+
+import benchmarks
+
+from . import interleaved_medians, md_table
+
+
+def _vgg(width: int = 32) -> nn.Module:
+    layers, cin = [], 3
+    for cout in (width, width, 2 * width, 2 * width):
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+        cin = cout
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+
+
+def _cases(batch: int):
+    g = torch.Generator().manual_seed(0)
+    resnet = zoo.build("resnet")
+    vgg = _vgg()
+    for m in (resnet, vgg):  # non-trivial running statistics, as a trained net has
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.normal_(0, 0.1, generator=g)
+                mod.running_var.uniform_(0.5, 1.5, generator=g)
+    img = torch.randn(batch, 3, 32, 32, generator=g)
+    return [(f"zoo resnet {batch}x3x32x32", lambda x: resnet(x)["logits"], resnet, img),
+            (f"vgg-style 4x(conv3x3+bn+relu) {batch}x3x32x32", vgg, vgg, img)]
+
+
+def run(threads: int, rounds: int, repeats: int, dtype, batch: int) -> list[list[str]]:
+    torch.set_num_threads(threads)
+    rows = []
+    for name, fn, model, img in _cases(batch):
+        model.eval().to(dtype)
+        x = img.to(dtype)
+        variants = {"eager": fn, "inductor": torch.compile(fn, backend="inductor"),
+                    "pypto before": torch.compile(fn, backend="pypto"),
+                    "pypto": torch.compile(fn, backend="pypto", options={"buffering": 2})}
+        with torch.no_grad():
+            ref = fn(x)
+            tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else \
+                dict(rtol=5e-2, atol=5e-2)
+            for label, f in variants.items():
+                conv.ENABLED = label != "pypto before"  # decided at the first call
+                torch.testing.assert_close(f(x), ref, **tol)
+            conv.ENABLED = True
+            med = interleaved_medians(variants, lambda f: f(x), rounds, repeats)
+        rows.append([name] + [f"{med[v]:.0f}" for v in variants]
+                    + [f"{med['pypto before'] / med['pypto']:.2f}x",
+                       f"{med['eager'] / med['pypto']:.2f}x",
+                       f"{med['inductor'] / med['pypto']:.2f}x"])
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time the calling thread's CPU time (1 thread only): robust to load")
+    a = p.parse_args(argv)
+    if a.cpu_time:
+        if a.threads != 1:
+            p.error("--cpu-time needs --threads 1")
+        benchmarks.CLOCK = time.thread_time
+    header = ["case", "eager us", "inductor us", "pypto before us", "pypto us",
+              "pypto vs before", "pypto vs eager", "pypto vs inductor"]
+    rows = run(a.threads, a.rounds, a.repeats, getattr(torch, a.dtype), a.batch)
+    print("\n".join(md_table(header, rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
