@@ -252,7 +252,7 @@ def _real_candidates():
         yield f"zoo:{name}", Wrap(model), tuple(batch.values())
 
 
-def collect(names=None, log=print, real: bool = True) -> tuple[list[dict], list[dict], list[dict]]:
+def collect(names=None, log=print, real: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
     """(calibration points, default-plan multi-op tiles, planner splits) of the set.
 
     A planner split is a candidate whose default plan (threshold 1.2) has other
@@ -500,6 +500,37 @@ def fit(points, start: dict, rounds: int = 8) -> tuple[dict, float, tuple[float,
     return p, best, f.errors(p)
 
 
+AGREE_WEIGHT = 20.0  # per disagreeing decision, against the log objective (~0.05-0.2)
+
+
+def fit_decisions(points, start: dict, rounds: int = 6) -> tuple[dict, float]:
+    """From ``start`` (the log fit), a coordinate search of the same parameters on the
+    fuse-or-not decisions: AGREE_WEIGHT x (share of points where roi >= THRESHOLD and
+    simulated speedup > 1 disagree) plus the log objective of :func:`fit` (so the
+    kernel times stay pinned)."""
+    f = _Fit(points)
+    sim_fuse = f.log_speed > 0.0
+
+    def objective(q):
+        t = f.times(q)
+        et, es = f.errors(q)
+        miss = float(np.mean((f.log_roi(t) >= math.log(THRESHOLD)) != sim_fuse))
+        return AGREE_WEIGHT * miss + es + TIME_WEIGHT * et
+
+    p = dict(start)
+    best = objective(p)
+    span = 3.0
+    for _ in range(rounds):
+        for k in KEYS:
+            for v in p[k] * np.geomspace(1 / span, span, 41):
+                q = dict(p, **{k: float(v)})
+                e = objective(q)
+                if e < best - 1e-12:
+                    best, p = e, q
+        span = max(span ** 0.7, 1.2)
+    return p, best
+
+
 def log_rmse(points, p, cube_flops=None) -> float:
     rows = _kernel_table(points)
     e = [(math.log(kernel_us(f, p, cube_flops)) - math.log(us)) ** 2 for f, us in rows]
@@ -683,7 +714,10 @@ def write_doc(points, defaults, before, after, fitted, fit_err, current, zoo, se
         "narrowing each round, 8 rounds) from the original parameters, minimising the mean "
         "squared log error of roi_score against the simulated speedup of every calibration "
         f"point plus {TIME_WEIGHT} x that of every simulated kernel's time (fused kernels and "
-        "one-op kernels; it pins the absolute scale).", "",
+        "one-op kernels; it pins the absolute scale); then, from that optimum, the same "
+        f"search (x1/3..x3, 6 rounds) on {AGREE_WEIGHT:g} x the share of fuse-or-not "
+        "decisions that disagree with the simulator plus that log objective "
+        "(`fit_decisions`).", "",
         "Two terms are new in the ROI model (`fusion/roi.py`; zero/None on the host): "
         "`HardwareModel.vector_elems_per_s`, since in pypto's simulator a kernel costs about "
         "one pass over its iteration domain whatever its bytes (relu, add and exp on "
@@ -804,7 +838,9 @@ def main(argv=None) -> int:
     points, defaults, splits = collect(args.only, real=not args.no_real)
     hw = ascend_a2()
     cube = hw.cube_flops_per_s
-    fitted, _, err = fit(points, BASELINE)
+    logfit, _, _ = fit(points, BASELINE)
+    fitted, _ = fit_decisions(points, logfit)
+    err = _Fit(points).errors(fitted)
     current = params_of(hw)
     before, after = evaluate(points, BASELINE, cube), evaluate(points, current, cube)
     zoo = None if args.skip_zoo else zoo_coverage()

@@ -401,3 +401,17 @@ def tuned_tile(tile: FusionTile, tuning: TileTuning | None) -> FusionTile:
     if tuning is None or tuning.chosen is None:
         return tile
     return dataclasses.replace(tile, tile_shape=tuple(tuning.chosen.tile_shape))
+
+
+def cached_tile(tile: FusionTile, graph: TileGraph, hw=None) -> FusionTile:
+    """The tile at the shape the tiling cache holds for its signature and bucket (a file
+    read at compile time, never on a call's path); unchanged without an entry."""
+    from ...hardware import ascend_a2
+
+    try:
+        entry = cache_lookup(cache_key(tile, graph, hw or ascend_a2()))
+    except Exception:  # noqa: BLE001 - the cache is an optimisation only
+        return tile
+    if not entry or not entry.get("tile_shape"):
+        return tile
+    return dataclasses.replace(tile, tile_shape=tuple(entry["tile_shape"]))
