@@ -3,8 +3,9 @@
 ``PYPTO_INDUCTOR_NO_CALIBRATE=1 python -m benchmarks.autotune_gains [--models ...]
 [--limit N] [--seconds S] [--write]``
 
-For every FusionTile of the test zoo (``pypto_inductor.models.ZOO``) and of real models
-(``zoo:gpt2`` = the transformers GPT-2 of ``pypto_inductor.zoo``), planned for
+For every FusionTile of the test zoo (``pypto_inductor.models.ZOO``), of real models
+(``zoo:gpt2`` = the transformers GPT-2 of ``pypto_inductor.zoo``) and of a few larger
+candidates of the Ascend calibration set (``cal:``), planned for
 ascend-a2, ``codegen.pypto.autotune`` times the planner's tile (the rule) and up to
 ``--limit`` candidates in the simulator (work cycles: task span + an empty kernel's
 cost). Prints one row per tile (rule and tuned shape, buffering, cycles, gain) and the
@@ -30,10 +31,19 @@ from pypto_inductor.codegen.pypto import autotune
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "autotune_gains.md"
 COMMAND = "PYPTO_INDUCTOR_NO_CALIBRATE=1 python -m benchmarks.autotune_gains --write"
-DEFAULT_MODELS = ("mlp", "transformer", "llama", "ln_gelu_residual", "conv_bn_relu", "zoo:gpt2")
+DEFAULT_MODELS = ("mlp", "transformer", "llama", "ln_gelu_residual", "conv_bn_relu", "zoo:gpt2",
+                  "cal:chain6_512x1024", "cal:softmax_mul_1024x1024", "cal:layernorm_512x1024",
+                  "cal:rmsnorm_512x1024", "cal:mm_bias_gelu_512x256x512",
+                  "cal:addmm_relu_256x512x256", "cal:where_gt_512x512")
 
 
 def _model(name: str):
+    if name.startswith("cal:"):  # a larger candidate of benchmarks.calibrate_ascend
+        from benchmarks.calibrate_ascend import _candidates
+
+        torch.manual_seed(0)
+        _, fn, inputs = _candidates()[name[4:]]
+        return fn, inputs
     if not name.startswith("zoo:"):
         model, inputs = models.build(name)
         return model.eval(), inputs

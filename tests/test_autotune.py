@@ -59,6 +59,45 @@ def test_concurrent_writers_keep_one_valid_entry(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+REPORT = """=================ASC++ MachineModel Report==================
+Total Cycles.....................................:     26470
+Core Machine Count...............................:        72
+================DeviceMachine 72 Statistics=================
+Total Submit Tasks...............................:        16
+  |--Cube Tasks..................................:         0    0.00%
+  |--Vector Tasks................................:        16  100.00%
+Average Task Cycles..............................:   5256.00
+  |--Max Task Cycles.............................:      5256
+================Core Machine Top Statistics=================
+Total Cycles.....................................:     26470
+Average Vector Usage.............................:   1977.00    7.47%
+"""
+
+
+def test_work_cycles_from_stat_report_and_trace(tmp_path):
+    """A kernel's cost: its task span in the trace (core task events, not the AICPU's nor
+    the init events) plus an empty kernel's fixed cost; stat numbers parsed by name."""
+    from pypto_inductor.codegen.pypto import sim
+
+    stats = sim.parse_stats(REPORT)
+    assert stats["total_cycles"] == 26470 and stats["total_submit_tasks"] == 16
+    assert stats["vector_tasks"] == 16 and stats["average_task_cycles"] == 5256.0
+    assert stats["average_vector_usage"] == 1977.0
+    meta = [{"ph": "M", "name": "process_name", "pid": p, "args": {"name": n}}
+            for p, n in ((1, "AICPU_0"), (2, "AIV_0"), (3, "AIC_0"))]
+    meta += [{"ph": "M", "name": "thread_name", "pid": p, "tid": 9,
+              "args": {"name": "AIV_Machien_View"}} for p in (1, 2, 3)]
+    events = [{"ph": "X", "pid": 1, "tid": 9, "name": "task", "ts": 0, "dur": 99999},
+              {"ph": "X", "pid": 2, "tid": 9, "name": "Core Machine Init", "ts": 0, "dur": 5},
+              {"ph": "X", "pid": 3, "tid": 9, "name": "0-0-0 (a)", "ts": 3000, "dur": 1000},
+              {"ph": "X", "pid": 2, "tid": 9, "name": "0-0-1 (b)", "ts": 4200, "dur": 800}]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": meta + events}))
+    assert sim.task_span(trace) == 2000
+    r = sim.SimResult("k", cycles=26470, perfetto_trace_path=str(trace)).measure()
+    assert r.work_cycles == 2000 + sim.LAUNCH_CYCLES
+
+
 def test_signature_ignores_names_and_bucket_rounds_sizes():
     f = lambda x, y: torch.relu(x + y) * 2.0  # noqa: E731
     a = _plan(f, torch.randn(100, 200), torch.randn(100, 200))
@@ -84,6 +123,9 @@ def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
     assert not t.from_cache and (tiling_cache / f"{t.key}.json").exists()
     again = autotune.tune_plan(plan, seconds=300, limit=3)[t.tile]
     assert again.from_cache and again.chosen.tile_shape == t.chosen.tile_shape
+    # the npu build emits at the cached shape
+    (tile,) = plan.tiles
+    assert autotune.cached_tile(tile, plan.graph).tile_shape == t.chosen.tile_shape
 
 
 @needs_pypto
