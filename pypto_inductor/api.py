@@ -42,12 +42,21 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
                                    dataclasses.replace(config, fusion=False, simulate=False),
                                    backward, dynamic, calls)
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
-    if config.simulate or config.verify:  # verify implies simulate
+    if config.simulate or config.verify or config.autotune:  # verify, autotune imply simulate
         planned = [g for g in graphs if g.plan is not None]
+        tunings = {}
+        if config.autotune:  # tile shapes tuned in the simulator, kept in the tiling cache
+            from .codegen.pypto.autotune import tune_plan
+            with Progress(sum(len(g.plan.tiles) for g in planned), "autotuning") as bar:
+                for graph_report in planned:
+                    tunings[id(graph_report)] = tune_plan(
+                        graph_report.plan, config.autotune_seconds / max(1, len(planned)),
+                        progress=bar)
         with Progress(sum(len(g.plan.tiles) for g in planned), "simulating") as bar:
             for graph_report in planned:
                 graph_report.simulation = simulate_plan(graph_report.plan,
-                                                        buffering=config.buffering, progress=bar)
+                                                        buffering=config.buffering, progress=bar,
+                                                        tunings=tunings.get(id(graph_report)))
                 if config.verify:  # values: every pypto kernel run in pypto's interpreter
                     for name, check in verify_plan(graph_report.plan).items():
                         if name in graph_report.simulation:

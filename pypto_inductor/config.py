@@ -59,13 +59,15 @@ class Config:
     profile: bool = False
     simulate: bool = False
     verify: bool = False  # with simulate: each pypto kernel's values checked in pypto's interpreter
+    autotune: bool = False  # with simulate: tile shapes tuned in pypto's simulator (tiling cache)
+    autotune_seconds: float = 120.0  # bound on the tuning time of one graph's tiles
     keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
     # an unexpected exception while compiling a graph is raised instead of running the graph
     # eagerly with a warning; default from $PYPTO_INDUCTOR_STRICT (the tests and fuzzer set it)
     strict: bool = dataclasses.field(default_factory=lambda: _env_strict())
 
     def __post_init__(self):  # a Config built directly gets the numeric checks too
-        for key in ("capacity_bytes", "roi_threshold", "buffering"):
+        for key in ("capacity_bytes", "roi_threshold", "buffering", "autotune_seconds"):
             value = getattr(self, key)
             if value is not None and not (isinstance(value, (int, float)) and
                                           not isinstance(value, bool) and math.isfinite(value)):
@@ -75,7 +77,8 @@ class Config:
     def hardware_name(self) -> str:
         if self.hardware is not None:
             return self.hardware
-        return "ascend-a2" if self.target == "npu" or self.simulate or self.verify else "host"
+        return ("ascend-a2" if self.target == "npu" or self.simulate or self.verify
+                or self.autotune else "host")
 
     @property
     def raise_compile_errors(self) -> bool:
@@ -168,8 +171,13 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value not in (1, 2, 3):
                 raise ConfigError(f"option 'buffering' must be 1, 2 or 3, got {value}")
             kw[key] = value
+        elif key == "autotune_seconds":
+            value = float(_number(key, value, (int, float), "a number of seconds"))
+            if value <= 0:
+                raise ConfigError(f"option 'autotune_seconds' must be > 0, got {value}")
+            kw[key] = value
         elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "keep_buffers",
-                     "strict"):
+                     "autotune", "strict"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

@@ -152,19 +152,20 @@ def ascend_a2() -> HardwareModel:
         name="ascend-a2",
         vector_capacity_bytes=ub,  # UB
         cube_capacity_bytes=l1,  # L1
-        # Fitted to pypto 0.2.0's simulator (coordinate search on squared log errors of
-        # roi_score vs simulated speedup and of every kernel's time over the
-        # calibration set: docs/ascend_calibration.md, `python -m
-        # benchmarks.calibrate_ascend`, which also lists the numbers before fitting:
-        # peak rates, no per-op, epilogue or element term). Simulated matmuls run far
-        # below the cube peak.
-        launch_us=5.33,
-        op_us=0.593,
-        cube_epilogue_us=3.87,
-        gm_bandwidth_bytes_per_s=8.39e11,
-        vector_flops_per_s=6.84e11,
-        vector_elems_per_s=5.23e10,
-        cube_flops_per_s=7.44e12,
+        # Fitted to pypto 0.2.0's simulator on work cycles (task span + an empty kernel's
+        # cost, not the quantized "Total Cycles"): a coordinate search on squared log
+        # errors of roi_score vs simulated speedup and of every kernel's time, then on
+        # the fuse-or-not decisions, over the calibration set incl. real-model tiles:
+        # docs/ascend_calibration.md, `python -m benchmarks.calibrate_ascend`, which
+        # also lists the numbers before fitting: peak rates, no per-op, epilogue or
+        # element term). Simulated matmuls run far below the cube peak.
+        launch_us=4.64,
+        op_us=0.292,
+        cube_epilogue_us=3.34,
+        gm_bandwidth_bytes_per_s=3.73e11,
+        vector_flops_per_s=5.71e11,
+        vector_elems_per_s=4.60e10,
+        cube_flops_per_s=6.75e12,
         cores=vector_cores,
         # pypto-friendly vector tiles (docs/ascend_calibration.md): pypto places UB
         # buffers op by op and fails to place one above about a third of UB (64x256

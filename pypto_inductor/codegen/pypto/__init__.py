@@ -78,8 +78,11 @@ def build_many(tiles: list[FusionTile], graph: TileGraph) -> list:
 
 
 def build_kernel(tile: FusionTile, graph: TileGraph) -> Kernel:
-    """The kernel of one pypto kernel module (raises PyptoEmitError)."""
-    kernel = emit_tile(tile, graph, run_mode="NPU")
+    """The kernel of one pypto kernel module (raises PyptoEmitError); at the tile shape the
+    tiling cache holds for it, when an autotuning run stored one."""
+    from .autotune import cached_tile
+
+    kernel = emit_tile(cached_tile(tile, graph), graph, run_mode="NPU")
     digest = hashlib.sha256(kernel.source.encode()).hexdigest()[:16]
     # the module lives in the cache, where pypto re-reads its source
     launcher = PyptoLauncher.load(kernel.to_json(), cache_dir("kernels", digest))

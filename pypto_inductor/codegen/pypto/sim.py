@@ -46,7 +46,8 @@ from ...ir import FusionTile, TileGraph
 from .emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_tile
 
 __all__ = ["SimResult", "TileSimulation", "pypto_available", "simulate_kernels",
-           "simulate_tile", "simulate_plan", "parse_total_cycles", "emit_variants"]
+           "simulate_tile", "simulate_plan", "parse_total_cycles", "parse_stats", "task_span",
+           "emit_variants", "LAUNCH_CYCLES"]
 
 _WORKER_VERSION = "2"  # 2: keeps the Perfetto trace
 _TOTAL_CYCLES = re.compile(r"Total Cycles\.*:\s*(\d+)")
@@ -68,6 +69,53 @@ def cache_root() -> Path:
     return cache_dir("pypto_sim")
 
 
+# A kernel's fixed cost outside its tasks: an empty kernel's (one 8x32 copy, one task)
+# "Total Cycles" minus its task span, measured by ``benchmarks.calibrate_ascend``
+# (6503 - 1791 on pypto 0.2.0's A2 model: the AICPU start-up before the first task and
+# the tail after the last).
+LAUNCH_CYCLES = 4712
+_STAT = re.compile(r"^\s*\|?-*\s*([A-Za-z_ ]+?)\.{2,}:\s*([\d.]+)", re.M)
+
+
+def parse_stats(text: str) -> dict:
+    """The numbers of a pypto stat report that say what the kernel did: task counts, task
+    cycles (average, max, min) and each pipe's average usage (cycles per used pipe).
+
+    "Total Cycles" moves in steps of 2881 cycles and mostly counts tasks; these respond
+    to the work inside a task."""
+    out: dict = {}
+    for name, value in _STAT.findall(text):
+        key = name.strip().lower().replace(" ", "_")
+        if key not in out:  # the first one: the whole machine's
+            out[key] = float(value) if "." in value else int(value)
+    return out
+
+
+def task_span(trace_path: str | os.PathLike | None) -> int | None:
+    """Cycles from the first core task's start to the last one's end in pypto's Perfetto
+    trace: the kernel's own time (dependencies, waves of tasks and their dispatch
+    included), without the simulator's quantized start-up and tail."""
+    if not trace_path:
+        return None
+    try:
+        data = json.loads(Path(trace_path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    cores = {e["pid"] for e in events if e.get("name") == "process_name"
+             and re.fullmatch(r"AI[CV]_\d+", str(e.get("args", {}).get("name", "")))}
+    views = {(e["pid"], e.get("tid")) for e in events if e.get("name") == "thread_name"
+             and e["pid"] in cores and "Machien_View" in str(e.get("args", {}).get("name", ""))}
+    start = end = None
+    for e in events:
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in views \
+                and "Init" not in str(e.get("name", "")):
+            s, f = e["ts"], e["ts"] + e.get("dur", 0)
+            start = s if start is None else min(start, s)
+            end = f if end is None else max(end, f)
+    return None if start is None else int(end - start)
+
+
 def parse_total_cycles(text: str) -> int | None:
     """The first "Total Cycles" of a pypto stat report (the whole machine's)."""
     m = _TOTAL_CYCLES.search(text)
@@ -84,10 +132,33 @@ class SimResult:
     perfetto_trace_path: str | None = None  # pypto's Perfetto trace (ui.perfetto.dev), in the cache
     seconds: float = 0.0
     cached: bool = False
+    # the kernel's task span (:func:`task_span`) and stat report numbers (:func:`parse_stats`)
+    span_cycles: int | None = None
+    stats: dict | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.cycles is not None
+
+    @property
+    def work_cycles(self) -> int | None:
+        """What the kernel costs, from its tasks rather than the quantized total: its
+        task span plus an empty kernel's fixed cost (:data:`LAUNCH_CYCLES`)."""
+        if not self.ok:
+            return None
+        return (self.span_cycles if self.span_cycles is not None else
+                max(0, self.cycles - LAUNCH_CYCLES)) + LAUNCH_CYCLES
+
+    def measure(self) -> "SimResult":
+        """Fill span_cycles and stats from the cached report and trace (once)."""
+        if self.stats is None and self.report_path:
+            try:
+                self.stats = parse_stats(Path(self.report_path).read_text(errors="replace"))
+            except OSError:
+                self.stats = {}
+        if self.span_cycles is None and self.perfetto_trace_path:
+            self.span_cycles = task_span(self.perfetto_trace_path)
+        return self
 
 
 # --- the worker --------------------------------------------------------------------------
@@ -175,7 +246,8 @@ def _from_cache(kernel: PyptoKernel, entry: Path) -> SimResult | None:
     if trace and not Path(trace).is_file():  # a cache entry whose trace was removed: rerun
         return None
     return SimResult(kernel.name, rec.get("cycles"), rec.get("error"), rec.get("pto_ir_path"),
-                     rec.get("report_path"), trace, rec.get("seconds", 0.0), cached=True)
+                     rec.get("report_path"), trace, rec.get("seconds", 0.0), cached=True,
+                     span_cycles=rec.get("span_cycles"), stats=rec.get("stats")).measure()
 
 
 def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimResult:
@@ -204,6 +276,7 @@ def _store(kernel: PyptoKernel, entry: Path, rec: dict, seconds: float) -> SimRe
         result.error = "pypto wrote no stat report with 'Total Cycles'"
         if rec.get("log"):
             result.error += ": " + tail_of(Path(rec["log"]), 600)
+    result.measure()
     if result.error is None:  # failures are not cached: they may be the machine's
         (entry / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
     return result
@@ -365,6 +438,14 @@ class TileSimulation:
     ub_retries: list[str] = dataclasses.field(default_factory=list)
     vec_tile: list | None = None  # the fused kernel's tiling (a split tile: its first part's)
     cube_tile: list | None = None
+    # SimResult.work_cycles sums (task spans + an empty kernel's cost each): what the
+    # kernels do, not the task-counting totals
+    work_cycles_fused: int | None = None
+    work_cycles_unfused: int | None = None
+    unfused_work_by_op: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    # options={"autotune": True}: autotune.TileTuning.to_dict() (chosen tile shape and
+    # buffering, every candidate tried and its cycles)
+    tuning: dict | None = None
 
     def to_dict(self) -> dict:
         checked = self.verification.to_dict() if self.verification is not None else {}
@@ -380,6 +461,9 @@ class TileSimulation:
             "split_parts": [dict(p) for p in self.split_parts] or None,
             "ub_retries": list(self.ub_retries) or None,
             "vec_tile": self.vec_tile, "cube_tile": self.cube_tile,
+            "simulated_work_cycles_fused": self.work_cycles_fused,
+            "simulated_work_cycles_unfused": self.work_cycles_unfused,
+            "tuning": self.tuning,
         }
 
 
@@ -484,8 +568,10 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
             sim.vec_tile = list(first.vec_tile) if first.vec_tile else None
             sim.cube_tile = [list(x) for x in first.cube_tile] if first.cube_tile else None
             total: int | None = 0
+            work: int | None = 0
             for part, k in fused:
                 r = results[slots[("fused", part.name)]]
+                work = None if (work is None or r.work_cycles is None) else work + r.work_cycles
                 if sim.pto_ir_path is None:  # a split tile: its first part's
                     sim.pto_ir_path, sim.perfetto_trace_path = r.pto_ir_path, r.perfetto_trace_path
                 if split is not None:
@@ -497,7 +583,7 @@ def simulate_tiles(tiles: list[FusionTile], graph: TileGraph, hw=None, buffering
                     errors.append(f"{'fused kernel' if split is None else part.name}: {r.error}")
                 total = None if (total is None or r.cycles is None) else total + r.cycles
             if split is None or len(fused) == len(split.parts):
-                sim.simulated_cycles_fused = total
+                sim.simulated_cycles_fused, sim.work_cycles_fused = total, work
         record_unfused(sim, singles, slots, results, errors)
         sim.simulation_error = "\n".join(errors) if errors else None
         out[tile.name] = sim
@@ -581,14 +667,16 @@ def record_unfused(sim: "TileSimulation", singles: list, slots: dict, results: l
     (None in the total when any one-op kernel has no cycles)."""
     if not singles:
         return
-    total = 0
+    total = work = 0
     for name, _kernel in singles:
         r = results[slots[name]] if name in slots else None
         sim.unfused_cycles_by_op[name] = r.cycles if r else None
+        sim.unfused_work_by_op[name] = r.work_cycles if r else None
         if r is not None and r.error:
             errors.append(f"unfused {name}: {r.error}")
         total = None if (total is None or r is None or r.cycles is None) else total + r.cycles
-    sim.simulated_cycles_unfused = total
+        work = None if (work is None or r is None or r.work_cycles is None) else work + r.work_cycles
+    sim.simulated_cycles_unfused, sim.work_cycles_unfused = total, work
 
 
 def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 2,
@@ -597,12 +685,20 @@ def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 
 
 
 def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
-                  progress=None) -> dict[str, TileSimulation]:
+                  progress=None, tunings: dict | None = None) -> dict[str, TileSimulation]:
     """Per-FusionTile simulation results of a FusionPlan (tile name -> TileSimulation);
-    ``progress``: a :class:`pypto_inductor.progress.Progress` counting tiles."""
+    ``progress``: a :class:`pypto_inductor.progress.Progress` counting tiles;
+    ``tunings``: tile name -> autotune.TileTuning, tiles simulated at their tuned shape."""
     try:
-        return simulate_tiles(plan.tiles, plan.graph, plan.hardware, buffering, timeout,
-                              progress)
+        tiles = plan.tiles
+        if tunings:
+            from .autotune import tuned_tile
+            tiles = [tuned_tile(t, tunings.get(t.name)) for t in tiles]
+        out = simulate_tiles(tiles, plan.graph, plan.hardware, buffering, timeout, progress)
+        for name, tuning in (tunings or {}).items():
+            if name in out:
+                out[name].tuning = tuning.to_dict()
+        return out
     except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
         return {t.name: TileSimulation(t.name, simulation_error=f"{type(e).__name__}: {e}")
                 for t in plan.tiles}
