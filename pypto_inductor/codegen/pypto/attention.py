@@ -82,7 +82,10 @@ class AttentionSpec:
 
 
 def is_sdpa(node) -> bool:
-    return isinstance(node, ExternOp) and node.op_name.split(".")[0].split("::")[-1] in _SDPA_OPS
+    if not isinstance(node, ExternOp):
+        return False
+    parts = node.op_name.replace("::", ".").split(".")  # aten._scaled_dot_..._for_cpu.default
+    return any(p in _SDPA_OPS for p in parts)
 
 
 def attention_spec(op: ExternOp, graph: TileGraph) -> AttentionSpec:
@@ -195,15 +198,31 @@ def _mask_lines(spec: AttentionSpec, rows: str, cols: str, tq: int, tk: int, s: 
     return lines
 
 
-def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64, tk: int = 128,
-               scale: float | None = None) -> PyptoKernel:
+def blocks(spec: AttentionSpec) -> tuple[int, int]:
+    """(query block, key block): keys in blocks of up to 512 (one block when the sequence
+    fits: no rescaling), queries so that a [tq, tk] fp32 score block is at most 128 KiB; the
+    vector ops then run on UB tiles of at most 8192 elements (see emit_flash).
+    Measured in SIM (Total Cycles), B=1, H=4, D=64 fp16: S=512: (32, 512) 384k cycles,
+    (64, 256) 424k, (128, 128) 784k, (64, 128) 1.30M; S=1024 with the UB tile (16, 512):
+    (64, 512) 1.29M, (32, 512) at (32, 512) 1.50M, (128, 256) 1.51M; (128, 512) and larger
+    fail pypto's passes."""
+    tk = _block(spec.Sk, 512)
+    return _block(spec.Sq, max(16, 32768 // tk)), tk
+
+
+def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None,
+               tk: int | None = None, scale: float | None = None, vec: tuple | None = None
+               ) -> PyptoKernel:
     """The fused flash-attention kernel of ``spec`` (``scale`` overrides spec.scale: a
     test's deliberately wrong kernel)."""
     B, H, Sq, Sk, D, Dv = spec.B, spec.H, spec.Sq, spec.Sk, spec.D, spec.Dv
-    tq, tk = _block(Sq, tq), _block(Sk, tk)
+    dq, dk = blocks(spec)
+    tq, tk = _block(Sq, tq or dq), _block(Sk, tk or dk)
     nq, nk = Sq // tq, Sk // tk
     scale = spec.scale if scale is None else scale
     vdt = _dt(spec.dtype)
+    kk, nn = max(D, tk), max(tk, Dv)
+    vt = vec or (min(tq, max(8, 8192 // nn)), nn)  # the UB tile of the vector ops
     name = "pto_flash_" + "".join(c if c.isalnum() else "_" for c in spec.name)
     params = _params(spec, [("out", (B * H * Sq, Dv), spec.dtype, (B, H, Sq, Dv)),
                             ("lse", (B * H * Sq, 1), torch.float32, (B, H, Sq))])
@@ -229,8 +248,9 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64, tk: int
     if spec.causal and kv is not None and tq % tk == 0 and Sq == Sk:
         nk_expr = f"(q0 + {tq}) // {tk}"
     body = [
-        f"pypto.set_vec_tile_shapes({tq}, {max(tk, Dv)})",
-        f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{D}, {D}], [{max(tk, Dv)}, {max(tk, Dv)}])",
+        f"pypto.set_vec_tile_shapes({vt[0]}, {vt[1]})",
+        # k covers both matmuls' K (D for QK^T, tk for PV): no split K, no extra tasks
+        f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{nn}, {nn}])",
         f"for bh in pypto.loop({B * H}):",
         f"    b = bh // {H}",
         f"    h = bh % {H}",
@@ -252,10 +272,11 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64, tk: int
            + (", causal" if spec.causal else "")
            + (f", mask {list(spec.mask_shape)}" if spec.mask_shape else ""))
     return PyptoKernel(name, spec.name, _module(name, doc, run_mode, params, body), params,
-                       (tq, max(tk, Dv)), ((tq, tq), (D, D), (max(tk, Dv), max(tk, Dv))))
+                       vt, ((tq, tq), (kk, kk), (nn, nn)))
 
 
-def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64) -> list[PyptoKernel]:
+def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64
+                 ) -> list[PyptoKernel]:
     """The chain op by op: scores (q @ k^T * scale + mask), softmax, probs @ v; the
     [B*H*Sq, Sk] scores and probabilities go through global memory in between."""
     B, H, Sq, Sk, D, Dv = spec.B, spec.H, spec.Sq, spec.Sk, spec.D, spec.Dv
@@ -265,11 +286,14 @@ def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64) -> li
     head = [f"for bh in pypto.loop({B * H}):", f"    b = bh // {H}", f"    h = bh % {H}",
             f"    for i in pypto.loop({nq}):", f"        q0 = i * {tq}",
             f"        r0 = bh * {Sq} + q0"]
-    tile = [f"pypto.set_vec_tile_shapes({tq}, {min(Sk, 256)})",
-            f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{D}, {D}], [{min(Sk, 256)}, "
-            f"{min(Sk, 256)}])"]
+    n = min(Sk, 256)
+    tile = [f"pypto.set_vec_tile_shapes({tq}, {n})"]
+    cube = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{D}, {D}], [{n}, {n}])"]
+    # probs @ v: K is the key length, N the head dim (no split K up to 512)
+    kk = min(_block(Sk, 512), 512)
+    cube_pv = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{Dv}, {Dv}])"]
     p1 = _params(spec, [("scores", (rows, Sk), torch.float32, (B, H, Sq, Sk))])
-    scores = tile + head + [
+    scores = tile + cube + head + [
         f"        qb = pypto.view(in_q, [{tq}, {D}], [r0, 0])",
         f"        kb = pypto.view(in_k, [{Sk}, {D}], [bh * {Sk}, 0])",
         f"        s = pypto.mul(pypto.matmul(qb, kb, pypto.DT_FP32, b_trans=True), "
@@ -285,7 +309,7 @@ def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64) -> li
         "        pypto.assemble(pypto.softmax(sb, -1), [r0, 0], out_probs)"]
     p3 = [KernelParam("in_probs", "probs", (rows, Sk), spec.dtype, False, (B, H, Sq, Sk)),
           p1[2], KernelParam("out_out", "out", (rows, Dv), spec.dtype, True, (B, H, Sq, Dv))]
-    pv = tile + head + [
+    pv = tile + cube_pv + head + [
         f"        pb = pypto.view(in_probs, [{tq}, {Sk}], [r0, 0])",
         f"        vb = pypto.view(in_v, [{Sk}, {Dv}], [bh * {Sk}, 0])",
         f"        o = pypto.matmul(pb, vb, pypto.DT_FP32)",
@@ -418,3 +442,24 @@ def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: in
             if check.error:
                 sims[i].error = (sims[i].error or "") + check.error
     return sims
+
+
+def simulate_plan_attention(plan, verify: bool = False) -> list[dict]:
+    """Every SDPA call of a FusionPlan's graph (the attention rewrite's extern op): the flash
+    kernel simulated fused vs unfused and, with ``verify``, value-checked; a call with no
+    kernel here (dropout, dynamic sizes) is listed with its reason. Never raises."""
+    calls, out = [], []
+    for node in plan.graph.nodes:
+        if not is_sdpa(node):
+            continue
+        try:
+            calls.append(attention_spec(node, plan.graph))
+        except PyptoEmitError as e:
+            out.append({"name": node.name, "op": "scaled_dot_product_attention",
+                        "error": str(e), "verified": None})
+    try:
+        out += [s.to_dict() for s in simulate_attention(calls, verify=verify)]
+    except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
+        out += [{"name": s.name, "op": "scaled_dot_product_attention",
+                 "error": f"{type(e).__name__}: {e}", "verified": None} for s in calls]
+    return out
