@@ -154,6 +154,10 @@ class TileLayout:
             return full
         if self._keeps_rows_and_cols(shape):
             return full  # a row-major reshape of the domain, e.g. [s0*s1, N] <-> [s0, s1, N]
+        if not (self.dynamic or self.cols_dynamic) and int(numel(shape)) == self.rows * self.cols:
+            # a row-major reshape splitting elsewhere ([32] of a [2, 16] domain): same elements
+            # in the same order (a permute that moves them is refused by the view handler)
+            return full
         if len(shape) > len(d):
             raise PyptoEmitError(what, f"shape {list(shape)} has more dims than the domain "
                                  f"{list(d)}")
@@ -175,6 +179,17 @@ class TileLayout:
                 return self.reduced(), self.dynamic and self.reduce_dim == 1
         raise PyptoEmitError(what, f"broadcast of {list(shape)} against the tile domain "
                              f"{list(d)} has no 2-D form")
+
+    def expands_to_domain(self, shape: tuple) -> bool:
+        """Whether a value of this shape broadcasts to the (static, 2-D) domain: an input
+        the launcher can expand to the domain when the broadcast has no 2-D form."""
+        if self.nd or self.dynamic or self.cols_dynamic:
+            return False
+        d, shape = self.domain, self.hint(shape)
+        if len(shape) > len(d):
+            return False
+        padded = (1,) * (len(d) - len(shape)) + tuple(shape)
+        return all(a == b or a == 1 for a, b in zip(padded, d))
 
     def _keeps_rows_and_cols(self, shape: tuple) -> bool:
         symbolic_shapes = self.dynamic or self.cols_dynamic

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Protocol
 
+import sympy
 import torch
 
 from ...ir import FusionTile, TensorSpec, TileGraph, TileOp
@@ -208,6 +209,100 @@ def _logical_and(em: Writer, op: TileOp):
     if not (em.is_tensor(op.args[0]) and em.is_tensor(op.args[1])):
         raise PyptoEmitError("logical_and", "a scalar operand")
     return em.tmp(f"pypto.logical_and({a}, {b})"), torch.bool
+
+
+@register("bitwise_and", "bitwise_or")
+def _bitwise_bool(em: Writer, op: TileOp):
+    """On bools (masks combined): logical and/or; ``True & m`` is ``m``, ``False | m`` is m."""
+    if op.out.dtype != torch.bool:
+        raise PyptoEmitError(op.op, f"on {op.out.dtype} (only bool masks)")
+    keep = op.op == "bitwise_and"  # the scalar that leaves the other operand as it is
+    tensors = [a for a in op.args if em.is_tensor(a)]
+    scalars = [a for a in op.args if not em.is_tensor(a)]
+    if scalars:
+        if len(tensors) != 1 or bool(scalars[0]) != keep or \
+                em.shape[tensors[0]] != em.layout.classify(op.out.shape, op.name):
+            raise PyptoEmitError(op.op, "a scalar operand that is not the identity")
+        return em.env[tensors[0]], torch.bool
+    a, b = (em.env[x] for x in tensors)
+    if keep:
+        return em.tmp(f"pypto.logical_and({a}, {b})"), torch.bool
+    na, nb = em.tmp(f"pypto.logical_not({a})"), em.tmp(f"pypto.logical_not({b})")
+    return em.tmp(f"pypto.logical_not(pypto.logical_and({na}, {nb}))"), torch.bool
+
+
+def row_gather(op: TileOp, graph: TileGraph, layout: TileLayout) -> bool:
+    """An embedding lookup: ``out[..., h] = table[index[...], h]`` of a 2-D table whose rows
+    the index picks, the output the tile's (static, 2-D) domain or broadcast to it."""
+    a = op.attrs
+    if op.op != "gather" or len(op.args) != 2 or layout.nd or layout.dynamic \
+            or layout.cols_dynamic or layout.matmul is not None or layout.reduce_dim == 0:
+        return False
+    table, index = op.args
+    n = len(op.out.shape)
+    if not (isinstance(table, str) and isinstance(index, str)) or n < 2:
+        return False
+    ishape = tuple(graph.specs[index].shape)
+    return (tuple(a["source_dims"]) == (-1, n - 1) and tuple(a["index_dims"]) == (
+        tuple(range(n - 1)),) and len(graph.specs[table].shape) == 2
+        and ishape == tuple(op.out.shape[:-1]) and layout.split == n - 1
+        and len(layout.domain) == n and layout.expands_to_domain(op.out.shape))
+
+
+def row_gather_params(tile: FusionTile, graph: TileGraph, layout: TileLayout) -> dict:
+    """value -> (kernel shape, launcher expand shape or ()) of the tables and indices of the
+    tile's embedding lookups (:func:`row_gather`) that are tile inputs."""
+    out: dict = {}
+    try:
+        gathers = [op for op in tile.ops if row_gather(op, graph, layout)]
+    except Exception:  # noqa: BLE001 - a layout with no 2-D domain: no row gathers
+        return out
+    inputs = set(tile.inputs)
+    for op in gathers:
+        table, index = op.args
+        if table not in inputs or index not in inputs:
+            continue
+        out[table] = (tuple(graph.hint(x) for x in graph.specs[table].shape), ())
+        # indices of a broadcast lookup (positions [1, S] of a [B, S] batch) are expanded
+        # by the launcher, so the lookup yields the domain's rows
+        ishape = tuple(graph.hint(x) for x in graph.specs[index].shape)
+        rows = tuple(layout.domain[:-1])
+        out[index] = ((layout.rows,), rows if ishape != rows else ())
+    return out
+
+
+@register("gather")
+def _gather(em: Writer, op: TileOp):
+    """Embedding lookups only (:func:`row_gather`): ``pypto.index_select`` of the table's
+    rows, giving the domain's (rows, cols)."""
+    if not row_gather(op, em.graph, em.layout) or em.shape.get(op.args[1]) != (em.layout.rows,):
+        raise PyptoEmitError("gather", "other than an embedding lookup of tile inputs")
+    table, index = (em.env[a] for a in op.args)
+    idx = em.tmp(f"pypto.cast({index}, pypto.DT_INT32)")  # row numbers < 2^31
+    kdt = em.dtype[op.args[0]]
+    return em.tmp(f"pypto.index_select({table}, 0, {idx})"), kdt, \
+        (em.layout.rows, em.layout.cols)
+
+
+@register("arange")
+def _arange(em: Writer, op: TileOp):
+    """``pypto.arange`` (1-D), reshaped to the value's kernel shape when it is a row or a
+    column of it ((1, n) or (n, 1)); static sizes only."""
+    if em.layout.dynamic or em.layout.cols_dynamic:
+        raise PyptoEmitError("arange", "in a tile with dynamic sizes")
+    a = op.attrs
+    start, end, step = (em.graph.hint(a[k]) if isinstance(a[k], sympy.Basic) else a[k]
+                        for k in ("start", "end", "step"))
+    shape = em.layout.classify(op.out.shape, op.name)
+    n = int(numel(em.hint(op.out)))
+    if int(numel(shape)) != n or len(shape) != 2 or 1 not in shape:
+        raise PyptoEmitError("arange", f"of {n} values in the kernel shape {list(shape)}")
+    kdt = em.kernel_dtype(op.out)
+    floating = kdt.is_floating_point or any(isinstance(x, float) for x in (start, end, step))
+    fmt = (lambda x: repr(float(x))) if floating else (lambda x: str(int(x)))
+    x = em.tmp(f"pypto.arange({fmt(start)}, {fmt(end)}, {fmt(step)})")
+    x = em.tmp(f"pypto.reshape({x}, {list(shape)!r})")
+    return em.tmp(f"pypto.cast({x}, {em.dt(kdt)})"), kdt
 
 
 @register("where")
