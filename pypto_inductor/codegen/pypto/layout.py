@@ -173,6 +173,10 @@ class TileLayout:
             return (self.rows, 1), self.dynamic
         if rows_one and cols_one:
             return (1, 1), False
+        if rows_match and len(cols_p) == 1 and cols_p[0] < self.cols and self.reduce_dim is None \
+                and self.matmul is None and not (self.dynamic or self.cols_dynamic):
+            # a part of the columns (rotate_half's halves, concatenated in the tile)
+            return (self.rows, int(cols_p[0])), False
         if self.reduce_axes:  # a reduced value without keepdim, e.g. [B, S] of [B, S, H]
             kept = tuple(s for i, s in enumerate(d) if i not in self.reduce_axes)
             if tuple(shape) == kept:

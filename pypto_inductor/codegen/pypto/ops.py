@@ -284,6 +284,34 @@ def _gather(em: Writer, op: TileOp):
         (em.layout.rows, em.layout.cols)
 
 
+@register("cat")
+def _cat(em: Writer, op: TileOp):
+    """Along the last dim of the tile's (static, pointwise) domain: parts of its columns
+    ((rows, c) each, :meth:`.TileLayout.place`) joined with ``pypto.concat``."""
+    n = len(op.out.shape)
+    dim = op.attrs["dim"] % n if n else 0
+    parts = [a for a in op.args if em.is_tensor(a)]
+    if dim != n - 1 or len(parts) != len(op.args) or len(parts) < 2:
+        raise PyptoEmitError("cat", f"along dim {op.attrs['dim']} of {n} (only the last)")
+    out = em.layout.classify(op.out.shape, op.name)
+    shapes = [em.shape[a] for a in parts]
+    if any(len(s) != 2 or s[0] != out[0] for s in shapes) or sum(s[1] for s in shapes) != out[1]:
+        raise PyptoEmitError("cat", f"parts {shapes} of {list(out)}")
+    xs = tensor_operands(em, op)
+    return em.tmp(f"pypto.concat([{', '.join(xs)}], 1)"), _float_out(em, op)
+
+
+def int_full(em: Writer, shape, value: int, dtype: torch.dtype) -> str:
+    """An integer constant tensor; pypto 0.2.0's codegen has no 64-bit full ("unsupported
+    type ... int64_t"), so a 64-bit one is made in int32 (the value fits) and cast."""
+    if dtype in (torch.int64,) and -2**31 <= value < 2**31:
+        x = em.tmp(f"pypto.full({list(shape)!r}, {value}, pypto.DT_INT32)")
+        return em.tmp(f"pypto.cast({x}, {em.dt(dtype)})")
+    if dtype == torch.int64:
+        raise PyptoEmitError("full", f"an int64 constant {value} beyond int32")
+    return em.tmp(f"pypto.full({list(shape)!r}, {value}, {em.dt(dtype)})")
+
+
 @register("arange")
 def _arange(em: Writer, op: TileOp):
     """``pypto.arange`` (1-D), reshaped to the value's kernel shape when it is a row or a
@@ -310,6 +338,12 @@ def _where(em: Writer, op: TileOp):
     c, a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):
         raise PyptoEmitError("where", "a scalar condition")
+    if not op.out.dtype.is_floating_point:
+        # an integer where (labels != -100): pypto's WHERE takes a scalar of the tensor's
+        # dtype, so a scalar branch becomes a full tensor of the kernel shape
+        shape = em.layout.body_shape(*em.layout.place(op.out.shape, op.name))
+        a, b = (x if em.is_tensor(arg) else int_full(em, shape, int(arg), op.out.dtype)
+                for x, arg in ((a, op.args[1]), (b, op.args[2])))
     return em.tmp(f"pypto.where({c}, {a}, {b})"), _float_out(em, op)
 
 
