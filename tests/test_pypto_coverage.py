@@ -6,7 +6,8 @@ The patterns are those that kept zoo tiles from pypto before: ``arange`` and boo
 algebra (transformers' causal masks), embedding lookups with broadcast positions,
 masks of shape [B, S] against [B, 1, S, S] scores (a broadcast with no 2-D form: the
 launcher expands the input), rotate_half's ``cat`` of half-width values, the loss's
-integer ``where`` and a flat view of a [B, S] domain. The whole-zoo figures come from
+integer ``where``, a flat view of a [B, S] domain, the loss's gather of each row's
+target and a classifier's [2, 2] logits (a UB tile row of whole 32-byte blocks). The whole-zoo figures come from
 ``python -m benchmarks.pypto_coverage`` (docs/pypto_coverage.md). Skips without pypto.
 """
 from __future__ import annotations
@@ -54,13 +55,21 @@ def labels(y):
     return torch.where(y != -100, y, 0)
 
 
+def nll(logp, target):
+    return -logp.gather(1, target[:, None]).squeeze(1).sum()
+
+
 CASES = {
+    "loss_gather_dim1": (nll, lambda: (torch.randn(8, 32).log_softmax(-1),
+                                       torch.randint(0, 32, (8,)))),
     "arange_bool_mask": (causal_mask, lambda: (torch.randint(0, 5, (2, 16)),)),
     "embedding_positions_layernorm": (Embed(), lambda: (torch.randint(0, 256, (2, 16)),)),
     "mask_BS_against_B1SS": (padding_mask, lambda: (torch.randn(2, 4, 16, 16),
                                                     torch.randint(0, 2, (2, 16)))),
     "rotate_half_cat": (rotate_half, lambda: (torch.randn(2, 4, 16, 8),
                                               torch.randn(2, 4, 16, 8))),
+    "tiny_logits_log_softmax": (lambda h, w, b: torch.log_softmax(h @ w + b, -1),
+                                lambda: (torch.randn(2, 64), torch.randn(64, 2), torch.randn(2))),
     "int_where_flat_view": (labels, lambda: (torch.randint(-100, 100, (2, 16)),)),
 }
 
@@ -81,12 +90,11 @@ def test_pattern_is_whole_and_verified(name):
 
 
 def test_unsupported_gather_still_names_its_op():
-    """A gather that is no embedding lookup (the loss's gather along the classes) is split
-    off and named, not emitted wrong."""
-    def nll(logp, target):
-        return -logp.gather(1, target[:, None]).squeeze(1).sum()
-    rep = pypto_inductor.report(nll, torch.randn(8, 32).log_softmax(-1),
-                                torch.randint(0, 32, (8,)),
+    """A gather with no pypto form here (along dim 0) is split off and named, not emitted
+    wrong."""
+    def rows(x, idx):
+        return x.gather(0, idx) * 2.0
+    rep = pypto_inductor.report(rows, torch.randn(8, 32), torch.randint(0, 8, (4, 32)),
                                 options={"hardware": "ascend-a2", "verify": True})
     tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
     assert any("gather" in (t.get("split_ops") or []) for t in tiles), tiles

@@ -249,6 +249,23 @@ def row_gather(op: TileOp, graph: TileGraph, layout: TileLayout) -> bool:
         and len(layout.domain) == n and layout.expands_to_domain(op.out.shape))
 
 
+def dim_gather(op: TileOp, graph: TileGraph, layout: TileLayout) -> bool:
+    """``torch.gather(x, 1, index)`` of a 2-D ``x`` with a [N, k] index (the loss picking
+    each row's target): ``out[i, j] = x[i, index[i, j]]``, the output the tile's domain
+    (or a flat view of it); static layouts only."""
+    if op.op != "gather" or len(op.args) != 2 or layout.nd or layout.dynamic \
+            or layout.cols_dynamic or layout.matmul is not None:
+        return False
+    src, index = op.args
+    if not (isinstance(src, str) and isinstance(index, str)):
+        return False
+    s, i = graph.specs[src].shape, graph.specs[index].shape
+    return (len(s) == 2 and len(i) == 2 and tuple(op.out.shape) == tuple(i)
+            and tuple(op.attrs["source_dims"]) == (0, -1)
+            and tuple(map(tuple, op.attrs["index_dims"])) == ((0, 1),)
+            and graph.hint(i[0]) == graph.hint(s[0]))
+
+
 def row_gather_params(tile: FusionTile, graph: TileGraph, layout: TileLayout) -> dict:
     """value -> (kernel shape, launcher expand shape or ()) of the tables and indices of the
     tile's embedding lookups (:func:`row_gather`) that are tile inputs."""
@@ -258,6 +275,13 @@ def row_gather_params(tile: FusionTile, graph: TileGraph, layout: TileLayout) ->
     except Exception:  # noqa: BLE001 - a layout with no 2-D domain: no row gathers
         return out
     inputs = set(tile.inputs)
+    for op in tile.ops:  # torch.gather along dim 1: source and index keep their own shapes
+        try:
+            if dim_gather(op, graph, layout) and set(op.args) <= inputs:
+                for a in op.args:
+                    out[a] = (tuple(graph.hint(x) for x in graph.specs[a].shape), ())
+        except Exception:  # noqa: BLE001 - no 2-D domain
+            pass
     for op in gathers:
         table, index = op.args
         if table not in inputs or index not in inputs:
@@ -273,8 +297,21 @@ def row_gather_params(tile: FusionTile, graph: TileGraph, layout: TileLayout) ->
 
 @register("gather")
 def _gather(em: Writer, op: TileOp):
-    """Embedding lookups only (:func:`row_gather`): ``pypto.index_select`` of the table's
-    rows, giving the domain's (rows, cols)."""
+    """Embedding lookups (:func:`row_gather`): ``pypto.index_select`` of the table's rows,
+    giving the domain's (rows, cols); ``torch.gather`` along dim 1 (:func:`dim_gather`):
+    ``pypto.gather``."""
+    if dim_gather(op, em.graph, em.layout):
+        src, index = op.args
+        out = em.layout.classify(op.out.shape, op.name)
+        if em.shape.get(src) != em.hint(em.graph.specs[src]) or \
+                em.shape.get(index) != em.hint(em.graph.specs[index]) or \
+                int(numel(out)) != int(numel(em.shape[index])):
+            raise PyptoEmitError("gather", "a gather whose operands are not tile inputs")
+        idx = em.tmp(f"pypto.cast({em.env[index]}, pypto.DT_INT32)")
+        x = em.tmp(f"pypto.gather({em.env[src]}, 1, {idx})")
+        if tuple(out) != tuple(em.shape[index]):
+            x = em.tmp(f"pypto.reshape({x}, {list(out)!r})")
+        return x, em.dtype[src], tuple(out)
     if not row_gather(op, em.graph, em.layout) or em.shape.get(op.args[1]) != (em.layout.rows,):
         raise PyptoEmitError("gather", "other than an embedding lookup of tile inputs")
     table, index = (em.env[a] for a in op.args)

@@ -37,6 +37,9 @@ from .rows import RowLoop, view
 from .tiling import cube_tile, vec_operands, vec_tile
 
 
+_MIN_VEC_COLS = 16  # 64 bytes of fp32: whole 32-byte blocks for every dtype up to 8 bytes
+
+
 class KernelWriter:
     """Writes one FusionTile's kernel; the op handlers call its helpers."""
 
@@ -59,6 +62,10 @@ class KernelWriter:
         strict_half = tile.dtype == "float16"
         self.compute = torch.float16 if strict_half else torch.float32
         self.vec = vec_tile(self.layout, tuple(tile.tile_shape), hw, vec_operands(tile), shrink)
+        if self.vec and self.vec[-1] < _MIN_VEC_COLS:
+            # pypto needs a UB tile row of whole 32-byte blocks ("tile shape not set" for a
+            # (2, 2) fp32 tile: a classifier's logits); a tile past the tensor's end is fine
+            self.vec = tuple(self.vec[:-1]) + (_MIN_VEC_COLS,)
         self.loop = None  # dynamic rows: the loop over row tiles
         self.columns = None  # dynamic columns: passes over column chunks
         if self.layout.dynamic:
