@@ -221,6 +221,7 @@ class KernelWriter:
                 x, eps = fused_norms[op.name]
                 (xi,) = tensor_operands(self, dataclasses.replace(op, args=(x,)))
                 name, kdt = self.tmp(f"pypto.rms_norm({xi}, None, {eps!r})"), self.compute
+                shape = []
             else:
                 handler = OPS.get(op.op)
                 if handler is None:
