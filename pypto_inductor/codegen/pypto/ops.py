@@ -184,6 +184,10 @@ def _pow(em: Writer, op: TileOp):
 
 def _compare(fn: str, swapped: str):
     def emit(em: Writer, op: TileOp):
+        if any(isinstance(x, float) and math.isinf(x) for x in op.args):
+            # x == -inf (the safe softmax's all-masked rows): pypto's interpreter got half of a
+            # T5 tile's such compares wrong, so the op runs eagerly
+            raise PyptoEmitError(op.op, "a comparison with an infinite scalar")
         a, b = tensor_operands(em, op)
         if not em.is_tensor(op.args[0]):
             a, b, name = b, a, swapped
@@ -548,8 +552,9 @@ def _full(em: Writer, op: TileOp):
     if kdt == torch.bool:  # pypto 0.2.0's codegen: "unsupported type, dstDtypeStr: bool"
         raise PyptoEmitError("full", "pypto.full cannot make a bool tensor")
     value = op.attrs["value"]
-    value = literal(float(value)) if kdt.is_floating_point else str(int(value))
-    return em.tmp(f"pypto.full({list(shape)!r}, {value}, {em.dt(kdt)})"), kdt
+    if not kdt.is_floating_point:
+        return int_full(em, shape, int(value), kdt), kdt
+    return em.tmp(f"pypto.full({list(shape)!r}, {literal(float(value))}, {em.dt(kdt)})"), kdt
 
 
 # reductions: always over the kernel's reduce dim, keepdim in the kernel -------------------
