@@ -334,6 +334,8 @@ def _cat(em: Writer, op: TileOp):
     parts = [a for a in op.args if em.is_tensor(a)]
     if dim != n - 1 or len(parts) != len(op.args) or len(parts) < 2:
         raise PyptoEmitError("cat", f"along dim {op.attrs['dim']} of {n} (only the last)")
+    if not op.out.dtype.is_floating_point:  # pypto: "datatype is not within the supported range"
+        raise PyptoEmitError("cat", f"of {op.out.dtype} tensors (floats only)")
     out = em.layout.classify(op.out.shape, op.name)
     shapes = [em.shape[a] for a in parts]
     if any(len(s) != 2 or s[0] != out[0] for s in shapes) or sum(s[1] for s in shapes) != out[1]:
