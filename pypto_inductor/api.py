@@ -15,6 +15,7 @@ import torch
 
 from .backend import pypto_backend
 from .calibrate import hardware_model
+from .codegen.pypto.attention import simulate_plan_attention
 from .codegen.pypto.sim import simulate_plan
 from .codegen.pypto.verify import verify_plan
 from .config import parse_options
@@ -61,6 +62,9 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
                     for name, check in verify_plan(graph_report.plan).items():
                         if name in graph_report.simulation:
                             graph_report.simulation[name].verification = check
+                # SDPA calls (the attention rewrite): the pypto flash-attention kernel
+                graph_report.attention = simulate_plan_attention(graph_report.plan,
+                                                                 verify=config.verify)
     rep = FusionReport(graphs, target=config.target, hardware=hw)
     if unfused is not None:
         rep.measured_us_unfused = measured_total([g.to_dict() for g in unfused])

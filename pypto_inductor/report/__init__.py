@@ -38,6 +38,8 @@ class GraphReport:
         self.hardware = hardware or (plan.hardware if plan else None)
         # tile name -> codegen.pypto.sim.TileSimulation, with options={"simulate": True}
         self.simulation: dict | None = None
+        # SDPA calls as pypto flash-attention kernels (codegen.pypto.attention), when simulated
+        self.attention: list[dict] | None = None
 
     @classmethod
     def eager(cls, name: str, reason: str, gm) -> "GraphReport":
@@ -101,6 +103,7 @@ class GraphReport:
             "predicted_us_unfused": round(plan.unfused_cost["time_us"], 3),
             "predicted_us_fused": round(sum(t.predicted_us for t in plan.tiles), 3),
             **_graph.structure(plan, fallbacks, native),
+            **({"attention": self.attention} if self.attention is not None else {}),
         }
 
     def artifacts(self) -> dict[str, dict[str, str]]:

@@ -64,6 +64,9 @@ class KernelParam:
     graph_dims: tuple[str, ...] = ()
     # Both kernel dims dynamic, ("R", "C"): how many leading graph dims make the rows.
     row_dims: int | None = None
+    # An input whose broadcast against the tile's domain has no 2-D form ([B, S] against a
+    # [B, 1, S, S] domain): the launcher expands it to this (domain) shape first; () if not.
+    expand: tuple[int, ...] = ()
 
     @property
     def dynamic(self) -> bool:
@@ -77,13 +80,15 @@ class KernelParam:
             d["dims"], d["graph_dims"] = list(self.dims), list(self.graph_dims)
         if self.row_dims is not None:
             d["row_dims"] = self.row_dims
+        if self.expand:
+            d["expand"] = list(self.expand)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelParam":
         return cls(d["ident"], d["value"], tuple(d["shape"]), getattr(torch, d["dtype"]),
                    d["is_output"], tuple(d["graph_shape"]), tuple(d.get("dims", ())),
-                   tuple(d.get("graph_dims", ())), d.get("row_dims"))
+                   tuple(d.get("graph_dims", ())), d.get("row_dims"), tuple(d.get("expand", ())))
 
 
 @dataclasses.dataclass

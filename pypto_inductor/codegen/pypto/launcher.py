@@ -74,6 +74,9 @@ class PyptoLauncher:
         dyn: dict[str, int] = {}  # dynamic kernel dim -> its size in this call
         for x, p in zip(inputs, self.inputs):
             dims = p.get("dims") or p["shape"]
+            if p.get("expand"):  # a broadcast the kernel's 2-D layout cannot express
+                target = [int(d) for d in p["expand"]]
+                x = x.reshape([1] * (len(target) - x.dim()) + list(x.shape)).expand(target)
             static = _numel([d for d in dims if not isinstance(d, str)])
             names = [d for d in dims if isinstance(d, str)]
             if not names and x.numel() != static:

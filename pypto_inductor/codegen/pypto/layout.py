@@ -154,6 +154,10 @@ class TileLayout:
             return full
         if self._keeps_rows_and_cols(shape):
             return full  # a row-major reshape of the domain, e.g. [s0*s1, N] <-> [s0, s1, N]
+        if not (self.dynamic or self.cols_dynamic) and int(numel(shape)) == self.rows * self.cols:
+            # a row-major reshape splitting elsewhere ([32] of a [2, 16] domain): same elements
+            # in the same order (a permute that moves them is refused by the view handler)
+            return full
         if len(shape) > len(d):
             raise PyptoEmitError(what, f"shape {list(shape)} has more dims than the domain "
                                  f"{list(d)}")
@@ -169,12 +173,27 @@ class TileLayout:
             return (self.rows, 1), self.dynamic
         if rows_one and cols_one:
             return (1, 1), False
+        if rows_match and len(cols_p) == 1 and cols_p[0] < self.cols and self.reduce_dim is None \
+                and self.matmul is None and not (self.dynamic or self.cols_dynamic):
+            # a part of the columns (rotate_half's halves, concatenated in the tile)
+            return (self.rows, int(cols_p[0])), False
         if self.reduce_axes:  # a reduced value without keepdim, e.g. [B, S] of [B, S, H]
             kept = tuple(s for i, s in enumerate(d) if i not in self.reduce_axes)
             if tuple(shape) == kept:
                 return self.reduced(), self.dynamic and self.reduce_dim == 1
         raise PyptoEmitError(what, f"broadcast of {list(shape)} against the tile domain "
                              f"{list(d)} has no 2-D form")
+
+    def expands_to_domain(self, shape: tuple) -> bool:
+        """Whether a value of this shape broadcasts to the (static, 2-D) domain: an input
+        the launcher can expand to the domain when the broadcast has no 2-D form."""
+        if self.nd or self.dynamic or self.cols_dynamic:
+            return False
+        d, shape = self.domain, self.hint(shape)
+        if len(shape) > len(d):
+            return False
+        padded = (1,) * (len(d) - len(shape)) + tuple(shape)
+        return all(a == b or a == 1 for a, b in zip(padded, d))
 
     def _keeps_rows_and_cols(self, shape: tuple) -> bool:
         symbolic_shapes = self.dynamic or self.cols_dynamic

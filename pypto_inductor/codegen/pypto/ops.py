@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Protocol
 
+import sympy
 import torch
 
 from ...ir import FusionTile, TensorSpec, TileGraph, TileOp
@@ -183,6 +184,10 @@ def _pow(em: Writer, op: TileOp):
 
 def _compare(fn: str, swapped: str):
     def emit(em: Writer, op: TileOp):
+        if any(isinstance(x, float) and math.isinf(x) for x in op.args):
+            # x == -inf (the safe softmax's all-masked rows): pypto's interpreter got half of a
+            # T5 tile's such compares wrong, so the op runs eagerly
+            raise PyptoEmitError(op.op, "a comparison with an infinite scalar")
         a, b = tensor_operands(em, op)
         if not em.is_tensor(op.args[0]):
             a, b, name = b, a, swapped
@@ -210,11 +215,178 @@ def _logical_and(em: Writer, op: TileOp):
     return em.tmp(f"pypto.logical_and({a}, {b})"), torch.bool
 
 
+@register("bitwise_and", "bitwise_or")
+def _bitwise_bool(em: Writer, op: TileOp):
+    """On bools (masks combined): logical and/or; ``True & m`` is ``m``, ``False | m`` is m."""
+    if op.out.dtype != torch.bool:
+        raise PyptoEmitError(op.op, f"on {op.out.dtype} (only bool masks)")
+    keep = op.op == "bitwise_and"  # the scalar that leaves the other operand as it is
+    tensors = [a for a in op.args if em.is_tensor(a)]
+    scalars = [a for a in op.args if not em.is_tensor(a)]
+    if scalars:
+        if len(tensors) != 1 or bool(scalars[0]) != keep or \
+                em.shape[tensors[0]] != em.layout.classify(op.out.shape, op.name):
+            raise PyptoEmitError(op.op, "a scalar operand that is not the identity")
+        return em.env[tensors[0]], torch.bool
+    a, b = (em.env[x] for x in tensors)
+    if keep:
+        return em.tmp(f"pypto.logical_and({a}, {b})"), torch.bool
+    na, nb = em.tmp(f"pypto.logical_not({a})"), em.tmp(f"pypto.logical_not({b})")
+    return em.tmp(f"pypto.logical_not(pypto.logical_and({na}, {nb}))"), torch.bool
+
+
+def row_gather(op: TileOp, graph: TileGraph, layout: TileLayout) -> bool:
+    """An embedding lookup: ``out[..., h] = table[index[...], h]`` of a 2-D table whose rows
+    the index picks, the output the tile's (static, 2-D) domain or broadcast to it."""
+    a = op.attrs
+    if op.op != "gather" or len(op.args) != 2 or layout.nd or layout.dynamic \
+            or layout.cols_dynamic or layout.matmul is not None or layout.reduce_dim == 0:
+        return False
+    table, index = op.args
+    n = len(op.out.shape)
+    if not (isinstance(table, str) and isinstance(index, str)) or n < 2:
+        return False
+    ishape = tuple(graph.specs[index].shape)
+    return (tuple(a["source_dims"]) == (-1, n - 1) and tuple(a["index_dims"]) == (
+        tuple(range(n - 1)),) and len(graph.specs[table].shape) == 2
+        and ishape == tuple(op.out.shape[:-1]) and layout.split == n - 1
+        and len(layout.domain) == n and layout.expands_to_domain(op.out.shape))
+
+
+def dim_gather(op: TileOp, graph: TileGraph, layout: TileLayout) -> bool:
+    """``torch.gather(x, 1, index)`` of a 2-D ``x`` with a [N, k] index (the loss picking
+    each row's target): ``out[i, j] = x[i, index[i, j]]``, the output the tile's domain
+    (or a flat view of it); static layouts only."""
+    if op.op != "gather" or len(op.args) != 2 or layout.nd or layout.dynamic \
+            or layout.cols_dynamic or layout.matmul is not None:
+        return False
+    src, index = op.args
+    if not (isinstance(src, str) and isinstance(index, str)):
+        return False
+    s, i = graph.specs[src].shape, graph.specs[index].shape
+    return (len(s) == 2 and len(i) == 2 and tuple(op.out.shape) == tuple(i)
+            and tuple(op.attrs["source_dims"]) == (0, -1)
+            and tuple(map(tuple, op.attrs["index_dims"])) == ((0, 1),)
+            and graph.hint(i[0]) == graph.hint(s[0]))
+
+
+def row_gather_params(tile: FusionTile, graph: TileGraph, layout: TileLayout) -> dict:
+    """value -> (kernel shape, launcher expand shape or ()) of the tables and indices of the
+    tile's embedding lookups (:func:`row_gather`) that are tile inputs."""
+    out: dict = {}
+    try:
+        gathers = [op for op in tile.ops if row_gather(op, graph, layout)]
+    except Exception:  # noqa: BLE001 - a layout with no 2-D domain: no row gathers
+        return out
+    inputs = set(tile.inputs)
+    for op in tile.ops:  # torch.gather along dim 1: source and index keep their own shapes
+        try:
+            if dim_gather(op, graph, layout) and set(op.args) <= inputs:
+                for a in op.args:
+                    out[a] = (tuple(graph.hint(x) for x in graph.specs[a].shape), ())
+        except Exception:  # noqa: BLE001 - no 2-D domain
+            pass
+    for op in gathers:
+        table, index = op.args
+        if table not in inputs or index not in inputs:
+            continue
+        out[table] = (tuple(graph.hint(x) for x in graph.specs[table].shape), ())
+        # indices of a broadcast lookup (positions [1, S] of a [B, S] batch) are expanded
+        # by the launcher, so the lookup yields the domain's rows
+        ishape = tuple(graph.hint(x) for x in graph.specs[index].shape)
+        rows = tuple(layout.domain[:-1])
+        out[index] = ((layout.rows,), rows if ishape != rows else ())
+    return out
+
+
+@register("gather")
+def _gather(em: Writer, op: TileOp):
+    """Embedding lookups (:func:`row_gather`): ``pypto.index_select`` of the table's rows,
+    giving the domain's (rows, cols); ``torch.gather`` along dim 1 (:func:`dim_gather`):
+    ``pypto.gather``."""
+    if dim_gather(op, em.graph, em.layout):
+        src, index = op.args
+        out = em.layout.classify(op.out.shape, op.name)
+        if em.shape.get(src) != em.hint(em.graph.specs[src]) or \
+                em.shape.get(index) != em.hint(em.graph.specs[index]) or \
+                int(numel(out)) != int(numel(em.shape[index])):
+            raise PyptoEmitError("gather", "a gather whose operands are not tile inputs")
+        idx = em.tmp(f"pypto.cast({em.env[index]}, pypto.DT_INT32)")
+        x = em.tmp(f"pypto.gather({em.env[src]}, 1, {idx})")
+        if tuple(out) != tuple(em.shape[index]):
+            x = em.tmp(f"pypto.reshape({x}, {list(out)!r})")
+        return x, em.dtype[src], tuple(out)
+    if not row_gather(op, em.graph, em.layout) or em.shape.get(op.args[1]) != (em.layout.rows,):
+        raise PyptoEmitError("gather", "other than an embedding lookup of tile inputs")
+    table, index = (em.env[a] for a in op.args)
+    idx = em.tmp(f"pypto.cast({index}, pypto.DT_INT32)")  # row numbers < 2^31
+    kdt = em.dtype[op.args[0]]
+    return em.tmp(f"pypto.index_select({table}, 0, {idx})"), kdt, \
+        (em.layout.rows, em.layout.cols)
+
+
+@register("cat")
+def _cat(em: Writer, op: TileOp):
+    """Along the last dim of the tile's (static, pointwise) domain: parts of its columns
+    ((rows, c) each, :meth:`.TileLayout.place`) joined with ``pypto.concat``."""
+    n = len(op.out.shape)
+    dim = op.attrs["dim"] % n if n else 0
+    parts = [a for a in op.args if em.is_tensor(a)]
+    if dim != n - 1 or len(parts) != len(op.args) or len(parts) < 2:
+        raise PyptoEmitError("cat", f"along dim {op.attrs['dim']} of {n} (only the last)")
+    if not op.out.dtype.is_floating_point:  # pypto: "datatype is not within the supported range"
+        raise PyptoEmitError("cat", f"of {op.out.dtype} tensors (floats only)")
+    out = em.layout.classify(op.out.shape, op.name)
+    shapes = [em.shape[a] for a in parts]
+    if any(len(s) != 2 or s[0] != out[0] for s in shapes) or sum(s[1] for s in shapes) != out[1]:
+        raise PyptoEmitError("cat", f"parts {shapes} of {list(out)}")
+    xs = tensor_operands(em, op)
+    return em.tmp(f"pypto.concat([{', '.join(xs)}], 1)"), _float_out(em, op)
+
+
+def int_full(em: Writer, shape, value: int, dtype: torch.dtype) -> str:
+    """An integer constant tensor; pypto 0.2.0's codegen has no 64-bit full ("unsupported
+    type ... int64_t"), so a 64-bit one is made in int32 (the value fits) and cast."""
+    if dtype in (torch.int64,) and -2**31 <= value < 2**31:
+        x = em.tmp(f"pypto.full({list(shape)!r}, {value}, pypto.DT_INT32)")
+        return em.tmp(f"pypto.cast({x}, {em.dt(dtype)})")
+    if dtype == torch.int64:
+        raise PyptoEmitError("full", f"an int64 constant {value} beyond int32")
+    return em.tmp(f"pypto.full({list(shape)!r}, {value}, {em.dt(dtype)})")
+
+
+@register("arange")
+def _arange(em: Writer, op: TileOp):
+    """``pypto.arange`` (1-D), reshaped to the value's kernel shape when it is a row or a
+    column of it ((1, n) or (n, 1)); static sizes only."""
+    if em.layout.dynamic or em.layout.cols_dynamic:
+        raise PyptoEmitError("arange", "in a tile with dynamic sizes")
+    a = op.attrs
+    start, end, step = (em.graph.hint(a[k]) if isinstance(a[k], sympy.Basic) else a[k]
+                        for k in ("start", "end", "step"))
+    shape = em.layout.classify(op.out.shape, op.name)
+    n = int(numel(em.hint(op.out)))
+    if int(numel(shape)) != n or len(shape) != 2 or 1 not in shape:
+        raise PyptoEmitError("arange", f"of {n} values in the kernel shape {list(shape)}")
+    kdt = em.kernel_dtype(op.out)
+    floating = kdt.is_floating_point or any(isinstance(x, float) for x in (start, end, step))
+    fmt = (lambda x: repr(float(x))) if floating else (lambda x: str(int(x)))
+    x = em.tmp(f"pypto.arange({fmt(start)}, {fmt(end)}, {fmt(step)})")
+    x = em.tmp(f"pypto.reshape({x}, {list(shape)!r})")
+    return em.tmp(f"pypto.cast({x}, {em.dt(kdt)})"), kdt
+
+
 @register("where")
 def _where(em: Writer, op: TileOp):
     c, a, b = tensor_operands(em, op)
     if not em.is_tensor(op.args[0]):
         raise PyptoEmitError("where", "a scalar condition")
+    if not op.out.dtype.is_floating_point:
+        # an integer where (labels != -100): pypto's WHERE takes a scalar of the tensor's
+        # dtype, so a scalar branch becomes a full tensor of the kernel shape
+        shape = em.layout.body_shape(*em.layout.place(op.out.shape, op.name))
+        a, b = (x if em.is_tensor(arg) else int_full(em, shape, int(arg), op.out.dtype)
+                for x, arg in ((a, op.args[1]), (b, op.args[2])))
     return em.tmp(f"pypto.where({c}, {a}, {b})"), _float_out(em, op)
 
 
@@ -382,8 +554,9 @@ def _full(em: Writer, op: TileOp):
     if kdt == torch.bool:  # pypto 0.2.0's codegen: "unsupported type, dstDtypeStr: bool"
         raise PyptoEmitError("full", "pypto.full cannot make a bool tensor")
     value = op.attrs["value"]
-    value = literal(float(value)) if kdt.is_floating_point else str(int(value))
-    return em.tmp(f"pypto.full({list(shape)!r}, {value}, {em.dt(kdt)})"), kdt
+    if not kdt.is_floating_point:
+        return int_full(em, shape, int(value), kdt), kdt
+    return em.tmp(f"pypto.full({list(shape)!r}, {literal(float(value))}, {em.dt(kdt)})"), kdt
 
 
 # reductions: always over the kernel's reduce dim, keepdim in the kernel -------------------

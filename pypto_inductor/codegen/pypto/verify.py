@@ -303,6 +303,17 @@ def tile_kernels(tile: FusionTile, graph: TileGraph) -> list[tuple[FusionTile, P
 def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int):
     """(kernel, random inputs, the reference executor's outputs on them)."""
     inputs = random_inputs(kernel, seed)
+    # indices of lookups (embeddings) must be in range: rows of the table they index
+    gen = torch.Generator().manual_seed(seed + 1)
+    for op in tile.ops:
+        if op.op == "gather" and op.attrs.get("check") in ("embedding", "gather") \
+                and len(op.args) == 2:
+            dim = 0 if op.attrs["check"] == "embedding" else op.attrs["source_dims"].index(-1)
+            rows = int(graph.hint(graph.specs[op.args[0]].shape[dim]))
+            for i, p in enumerate(kernel.inputs):
+                if p.value == op.args[1]:
+                    inputs[i] = torch.randint(0, rows, inputs[i].shape, generator=gen,
+                                              dtype=inputs[i].dtype)
     syms = tuple(graph.hint(s) for s in graph.symbols)
     return kernel, inputs, list(reference.build(tile, graph).fn(inputs, syms))
 

@@ -31,10 +31,13 @@ from .columns import dims as column_dims
 from .kernel import (PYPTO_DTYPES, KernelParam, PyptoEmitError, PyptoKernel, ident,
                            kernel_name, literal)
 from .layout import TileLayout
-from .ops import OPS, tensor_operands
+from .ops import OPS, row_gather_params, tensor_operands
 from .rows import DIM as ROW_DIM
 from .rows import RowLoop, view
 from .tiling import cube_tile, vec_operands, vec_tile
+
+
+_MIN_VEC_COLS = 16  # 64 bytes of fp32: whole 32-byte blocks for every dtype up to 8 bytes
 
 
 class KernelWriter:
@@ -50,6 +53,8 @@ class KernelWriter:
         self._n = 0
         self._used: set[str] = set()  # parameter names
         self._input_idents: set[str] = set()  # kernel names of the loaded inputs
+        self._expand: dict[str, tuple[int, ...]] = {}  # inputs the launcher expands first
+        self._row_gather = row_gather_params(tile, graph, self.layout)
         floats = {graph.specs[n].dtype for op in tile.ops for n in op.inputs + [op.name]
                   if graph.specs[n].dtype.is_floating_point}
         if torch.float64 in floats:
@@ -57,6 +62,10 @@ class KernelWriter:
         strict_half = tile.dtype == "float16"
         self.compute = torch.float16 if strict_half else torch.float32
         self.vec = vec_tile(self.layout, tuple(tile.tile_shape), hw, vec_operands(tile), shrink)
+        if self.vec and self.vec[-1] < _MIN_VEC_COLS:
+            # pypto needs a UB tile row of whole 32-byte blocks ("tile shape not set" for a
+            # (2, 2) fp32 tile: a classifier's logits); a tile past the tensor's end is fine
+            self.vec = tuple(self.vec[:-1]) + (_MIN_VEC_COLS,)
         self.loop = None  # dynamic rows: the loop over row tiles
         self.columns = None  # dynamic columns: passes over column chunks
         if self.layout.dynamic:
@@ -139,13 +148,28 @@ class KernelWriter:
             if all(isinstance(d, str) for d in dims[:2]):  # (R, C): where the rows end
                 extra["row_dims"] = len(spec.shape) - (len(self.layout.sym_domain)
                                                        - self.layout.split)
+        if value in self._expand and not is_output:
+            extra["expand"] = self._expand[value]
         return KernelParam(name, value, shape, spec.dtype, is_output, self.hint(spec), **extra)
 
     def _place(self, value: str, is_input: bool) -> tuple[tuple[int, ...], bool]:
         """A value's kernel shape and whether it spans the dynamic rows."""
         if is_input and self.layout.is_matmul_operand(value):
             return self.layout.operand_place(value)
-        return self.layout.place(self.graph.specs[value].shape, value)
+        shape = self.graph.specs[value].shape
+        if is_input and value in self._row_gather:  # an embedding's table or its indices
+            kshape, expand = self._row_gather[value]
+            if expand:
+                self._expand[value] = expand
+            return kshape, False
+        try:
+            return self.layout.place(shape, value)
+        except PyptoEmitError:
+            if not (is_input and self.layout.expands_to_domain(shape)):
+                raise
+            # the launcher expands it to the domain (a mask [B, S] of [B, 1, S, S] scores)
+            self._expand[value] = tuple(self.layout.domain)
+            return (self.layout.rows, self.layout.cols), False
 
     def _inputs(self) -> list[KernelParam]:
         params = []
@@ -197,13 +221,15 @@ class KernelWriter:
                 x, eps = fused_norms[op.name]
                 (xi,) = tensor_operands(self, dataclasses.replace(op, args=(x,)))
                 name, kdt = self.tmp(f"pypto.rms_norm({xi}, None, {eps!r})"), self.compute
+                shape = []
             else:
                 handler = OPS.get(op.op)
                 if handler is None:
                     raise PyptoEmitError(op.op)
-                name, kdt = handler(self, op)
+                name, kdt, *shape = handler(self, op)  # a handler may give the kernel shape
             self.env[op.name], self.dtype[op.name] = name, kdt
-            self.shape[op.name] = self.layout.classify(op.out.shape, op.name)
+            self.shape[op.name] = shape[0] if shape else self.layout.classify(op.out.shape,
+                                                                               op.name)
 
     def store_expr(self, p: KernelParam, expr: str) -> str:
         """An output's value brought to its dtype (a copy if it is an input's view)."""
