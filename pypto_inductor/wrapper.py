@@ -128,6 +128,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     for tail, (base, _, _, _) in chains.items():
         if order[tail] > order.get(last_tail.get(base), -1):
             last_tail[base] = tail
+    made: set[int] = set()  # chain tails emitted so far
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
@@ -191,6 +192,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     f"        {defs[0]} = {c}.run({b}, syms, key)"]
             if base in known:
                 known.add(outs[0])
+            made.add(outs[0])
             held = deferred.pop(outs[0], ([], []))
             free, recycle = held[0] + list(free), held[1] + list(recycle)
         elif kind == "view":
@@ -199,7 +201,15 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 known.add(outs[0])
         else:
             out += _extern(code, step, fn, defs, args, names, slot)
-        free = [s for s in free if s not in interior]
+        # a chain's base lives until its last chain's tail, which may come after its
+        # last other reader (fuzz seed 1020: an expand of the base read after the chain)
+        for j, dying in enumerate((free, recycle)):
+            for s in dying:
+                if s in last_tail and last_tail[s] not in made:
+                    deferred.setdefault(last_tail[s], ([], []))[j].append(s)
+        free = [s for s in free if s not in interior and not (
+            s in last_tail and last_tail[s] not in made)]
+        recycle = [s for s in recycle if not (s in last_tail and last_tail[s] not in made)]
         if free:  # first: a dead view still holds its base's storage
             out.append(f"    del {', '.join(names[s] for s in free)}")
         for s in [s for s in recycle if s in static]:  # kept for a later kernel's output
