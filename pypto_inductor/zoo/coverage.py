@@ -250,7 +250,9 @@ NOTES = """## Notes
 chosen (`EAGER_BY_CHOICE` in `pypto_inductor/lowering/graph.py`; tests/test_real_models.py
 fails on any other): SDPA's fused CPU kernel and its backward, kept whole because decomposing
 it changed what its backward receives (the logsumexp), which gave wrong gradients; convolution
-and its backward (oneDNN / GEMM libraries, as in Inductor's CPU backend); ResNet's max pooling
+and its backward (oneDNN / GEMM libraries, as in Inductor's CPU backend; in inference graphs a
+conv -> BatchNorm -> add/ReLU chain is one oneDNN call with the BatchNorm folded into its
+weights, `pypto_inductor.conv_fused`, lowering/conv.py); ResNet's max pooling
 (a window op like convolution, no native window tile yet). All other ops of every zoo graph are
 lowered: embedding and gathers, arange, padding, scatters, `copy_` mutations, the optimizer
 chain. tests/test_decompositions.py checks SDPA causal, boolean-masked and additive-masked,
