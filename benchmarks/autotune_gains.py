@@ -39,10 +39,10 @@ DEFAULT_MODELS = ("mlp", "transformer", "llama", "ln_gelu_residual", "conv_bn_re
 
 def _model(name: str):
     if name.startswith("cal:"):  # a larger candidate of benchmarks.calibrate_ascend
-        from benchmarks.calibrate_ascend import _candidates
+        from benchmarks.calibrate_ascend import candidates
 
         torch.manual_seed(0)
-        _, fn, inputs = _candidates()[name[4:]]
+        _, fn, inputs = candidates()[name[4:]]
         return fn, inputs
     if not name.startswith("zoo:"):
         model, inputs = models.build(name)

@@ -76,7 +76,7 @@ def _rmsnorm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-def _candidates():
+def candidates():
     c = {}
 
     def add(name, category, fn, *inputs):
@@ -260,7 +260,7 @@ def collect(names=None, log=print, real: bool = False) -> tuple[list[dict], list
     fused) and compared with the ROI model's ratio of their predicted times.
     """
     torch.manual_seed(0)
-    cands = _candidates()
+    cands = candidates()
     names = list(names or cands)
     if real:
         for name, fn, inputs in _real_candidates():
@@ -349,7 +349,7 @@ def tile_choice(log=print) -> list[dict]:
     old_hw = dataclasses.replace(hw, footprint_model="all_live", max_tile_buffer_fraction=None,
                                  preferred_max_tile_cols=None, tile_col_align_bytes=0,
                                  min_tile_rows=1)
-    cands = _candidates()
+    cands = candidates()
     rows, kernels = [], []
     for name in TILE_CASES:
         _, fn, inputs = cands[name]

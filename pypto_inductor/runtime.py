@@ -28,7 +28,7 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, numel, resolve_static, size_function
-from .wrapper import _static_reuse, compile_graph, graph_source
+from .wrapper import static_reuse, compile_graph, graph_source
 
 
 class KernelBuildError(RuntimeError):
@@ -233,7 +233,7 @@ class CompiledGraph:
         static reuse) until the call returns; one written into such a kept buffer
         (``reused``) allocates nothing."""
         graph = self.plan.graph
-        static = _static_reuse(graph, self.program, self.kernels, self.pool_empty)
+        static = static_reuse(graph, self.program, self.kernels, self.pool_empty)
         size: dict[int, object] = {}  # a pooled buffer's slot -> its bytes
         returned = set(graph.outputs)  # a returned output never goes back to the pool
         live, totals = sympy.Integer(0), []

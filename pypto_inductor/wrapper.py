@@ -118,7 +118,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     if pool is not None:
         out.append("    pool_start(syms)")
         code.bound["pool_empty"] = pool.empty
-    static = _static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
+    static = static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
     known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
     chains = _view_chains(graph, program) if COLLAPSE_VIEWS else {}
     interior = {s for chain in chains.values() for s in chain[1][:-1]}
@@ -298,7 +298,7 @@ def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list, bool]]
     return {t: c for t, c in chains.items() if t not in inner}
 
 
-def _static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
+def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     """Kernel outputs whose buffers a later kernel may write into once they are dead,
     decided at compile time (as Inductor's wrapper reuses buffers): slot -> (shape, dtype).
 

@@ -45,7 +45,7 @@ def _store_worker(args):
     autotune.cache_root = lambda: Path(root)  # a fresh process: its own module state
     entry = {"key": key, "tile_shape": [i, 8], "buffering": 1, "rule_buffering": 1,
              "tried": [{"tile_shape": [i, 8], "buffering": 1, "cycles": 100 + i}], "writer": i}
-    return autotune._cache_store(key, entry)["writer"]
+    return autotune.cache_store(key, entry)["writer"]
 
 
 def test_concurrent_writers_keep_one_valid_entry(tmp_path):

@@ -25,6 +25,13 @@ def _chain(x, w):
     return torch.tanh(g.t() @ g) + 1.0
 
 
+@pytest.fixture(autouse=True)
+def fresh_pool(monkeypatch):
+    """Each test's graphs get a pool of their own: the process's pool also holds, and
+    reserves for, the graphs earlier tests left alive, which the counts here must not see."""
+    monkeypatch.setattr(host_alloc, "POOL", host_alloc.BufferPool())
+
+
 @pytest.fixture
 def allocations(monkeypatch):
     """Counts host_alloc.empty calls (fresh buffers)."""

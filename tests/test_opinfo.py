@@ -121,6 +121,12 @@ FOREACH_PREFIX = "_foreach_"
 EXCLUDED: dict[str, str] = {
     # Complex-only variant: it has no float32 or integer samples.
     "nn.functional.silu.complex": "complex-only variant (no float32 samples)",
+    # Its samples are views into a larger storage that as_strided reads past the view's
+    # end; run_sample clones inputs (compact storage), so eager itself goes out of bounds.
+    # as_strided's lowering (a view only where it moves no element) is tested in
+    # tests/test_conv.py and by the plain as_strided OpInfo.
+    "as_strided.partial_views": "reads storage beyond its input view; cloned inputs "
+                                "make eager itself fail",
 }
 
 # For ops with no float32 support (bitwise ops) we use the first of these they support.

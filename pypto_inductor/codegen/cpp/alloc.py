@@ -107,18 +107,32 @@ class BufferPool:
         self.reserved: dict[int, int] = {}  # graph token -> its live peak in bytes
         self.misses = 0  # allocations the pool could not serve
         self.lock = threading.Lock()  # the kernels release the GIL: threads share the pool
+        self._released: list[int] = []  # graph tokens gone, not yet applied (``release``)
 
     def reserve(self, token: int, nbytes: int) -> None:
         """A graph's live peak of pooled bytes (again when its sizes change)."""
         with self.lock:
             self.reserved[token] = nbytes
+            self._apply_releases()
             self._set_cap()
 
     def release(self, token: int) -> None:
-        """The graph is gone: its reservation no longer counts."""
-        with self.lock:
-            if self.reserved.pop(token, None) is not None:
-                self._set_cap()
+        """The graph is gone: its reservation no longer counts. Called by a finalizer,
+        which the GC may run on a thread that holds the lock (inside ``empty``): so it
+        only queues the token, and whoever holds the lock next applies it."""
+        self._released.append(token)  # atomic under the GIL
+        if self.lock.acquire(blocking=False):
+            try:
+                self._apply_releases()
+            finally:
+                self.lock.release()
+
+    def _apply_releases(self) -> None:
+        changed = False
+        while self._released:
+            changed |= self.reserved.pop(self._released.pop(), None) is not None
+        if changed:
+            self._set_cap()
 
     def _set_cap(self) -> None:
         self.cap = max(self.reserved.values(), default=0)
@@ -166,6 +180,7 @@ class BufferPool:
     def give(self, t: torch.Tensor) -> None:
         nb = t.untyped_storage().nbytes()
         with self.lock:
+            self._apply_releases()
             if self.held + nb <= self.cap:  # else dropped: freed when the caller lets go
                 self.free.setdefault((tuple(t.shape), t.dtype), []).append((t, nb))
                 self.held += nb

@@ -189,7 +189,7 @@ def cache_lookup(key: str) -> dict | None:
         return None
 
 
-def _cache_store(key: str, entry: dict) -> dict:
+def cache_store(key: str, entry: dict) -> dict:
     """Store ``entry`` unless another writer stored one first; the entry kept."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -374,7 +374,7 @@ def tune_tiles(tiles: list[FusionTile], graph: TileGraph, hw, seconds: float = D
         tuning.seconds = time.monotonic() - t0
         # only complete, successful tunings are cached (a timed-out one may improve)
         if use_cache and tuning.chosen is not None and not tuning.timed_out:
-            stored = _cache_store(tuning.key, tuning.to_dict())
+            stored = cache_store(tuning.key, tuning.to_dict())
             if stored.get("tile_shape") != list(tuning.chosen.tile_shape) or \
                     stored.get("buffering") != tuning.chosen.buffering:
                 out[tile.name] = TileTuning.from_dict(tile.name, stored)
@@ -394,13 +394,6 @@ def tune_plan(plan, seconds: float = DEFAULT_SECONDS, progress=None, **kw) -> di
     if not pypto_available():
         return {}
     return tune_tiles(plan.tiles, plan.graph, plan.hardware, seconds, progress=progress, **kw)
-
-
-def tuned_tile(tile: FusionTile, tuning: TileTuning | None) -> FusionTile:
-    """The tile at its tuned shape (unchanged without a choice)."""
-    if tuning is None or tuning.chosen is None:
-        return tile
-    return dataclasses.replace(tile, tile_shape=tuple(tuning.chosen.tile_shape))
 
 
 def cached_tile(tile: FusionTile, graph: TileGraph, hw=None) -> FusionTile:

@@ -684,6 +684,13 @@ def simulate_tile(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 
     return simulate_tiles([tile], graph, hw, buffering, timeout)[tile.name]
 
 
+def _tuned_tile(tile, tuning):
+    """The tile at its tuned shape (an autotune.TileTuning; unchanged without a choice)."""
+    if tuning is None or tuning.chosen is None:
+        return tile
+    return dataclasses.replace(tile, tile_shape=tuple(tuning.chosen.tile_shape))
+
+
 def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
                   progress=None, tunings: dict | None = None) -> dict[str, TileSimulation]:
     """Per-FusionTile simulation results of a FusionPlan (tile name -> TileSimulation);
@@ -692,8 +699,7 @@ def simulate_plan(plan, buffering: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
     try:
         tiles = plan.tiles
         if tunings:
-            from .autotune import tuned_tile
-            tiles = [tuned_tile(t, tunings.get(t.name)) for t in tiles]
+            tiles = [_tuned_tile(t, tunings.get(t.name)) for t in tiles]
         out = simulate_tiles(tiles, plan.graph, plan.hardware, buffering, timeout, progress)
         for name, tuning in (tunings or {}).items():
             if name in out:
