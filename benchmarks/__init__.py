@@ -1,4 +1,5 @@
 """Benchmarks: eager vs Inductor vs pypto, side by side in one process."""
+import argparse
 import statistics
 import time
 
@@ -31,3 +32,28 @@ def interleaved_medians(variants: dict, call, rounds: int, repeats: int) -> dict
 def md_table(cols: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def timing_parser(doc: str, threads: int = 1, repeats: int = 20,
+                  cpu_time: bool = True) -> argparse.ArgumentParser:
+    """The options every micro-benchmark takes: --threads, --rounds, --repeats (and
+    --cpu-time); read them with :func:`parse_timing`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--threads", type=int, default=threads)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=repeats)
+    if cpu_time:
+        p.add_argument("--cpu-time", action="store_true",
+                       help="time the calling thread's CPU time (1 thread only): robust to load")
+    return p
+
+
+def parse_timing(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parsed options; --cpu-time switches :data:`CLOCK` to the thread's CPU time."""
+    global CLOCK
+    a = p.parse_args(argv)
+    if getattr(a, "cpu_time", False):
+        if a.threads != 1:
+            p.error("--cpu-time needs --threads 1")
+        CLOCK = time.thread_time
+    return a

@@ -6,13 +6,12 @@ chain rewritten into one SDPA call, interleaved in one process; medians and rati
 """
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 import torch.nn.functional as F
 
-from . import interleaved_medians, md_table
+from . import interleaved_medians, md_table, parse_timing, timing_parser
 
 
 def bert_attention(q, k, v, mask):
@@ -116,12 +115,9 @@ def run(threads: int, rounds: int, repeats: int, train: bool) -> list[list[str]]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    p = timing_parser(__doc__, threads=2, cpu_time=False)
     p.add_argument("--train", action="store_true", help="forward + backward")
-    a = p.parse_args(argv)
+    a = parse_timing(p, argv)
     header = ["case", "eager ms", "inductor ms", "pypto unfused ms", "pypto ms",
               "unfused vs eager", "pypto vs eager", "pypto vs inductor"]
     rows = run(a.threads, a.rounds, a.repeats, a.train)

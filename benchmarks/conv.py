@@ -7,18 +7,14 @@ interleaved in one process; medians and ratios.
 """
 from __future__ import annotations
 
-import argparse
-import time
-
 import torch
 import torch.nn as nn
 
 from pypto_inductor import zoo
 from pypto_inductor.lowering import conv
 
-import benchmarks
 
-from . import interleaved_medians, md_table
+from . import interleaved_medians, md_table, parse_timing, timing_parser
 
 
 def _vgg(width: int = 32) -> nn.Module:
@@ -69,19 +65,10 @@ def run(threads: int, rounds: int, repeats: int, dtype, batch: int) -> list[list
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    p = timing_parser(__doc__, threads=1)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--cpu-time", action="store_true",
-                   help="time the calling thread's CPU time (1 thread only): robust to load")
-    a = p.parse_args(argv)
-    if a.cpu_time:
-        if a.threads != 1:
-            p.error("--cpu-time needs --threads 1")
-        benchmarks.CLOCK = time.thread_time
+    a = parse_timing(p, argv)
     header = ["case", "eager us", "inductor us", "pypto before us", "pypto us",
               "pypto vs before", "pypto vs eager", "pypto vs inductor"]
     rows = run(a.threads, a.rounds, a.repeats, getattr(torch, a.dtype), a.batch)

@@ -5,14 +5,12 @@ Inductor and pypto interleaved in one process; medians and ratios.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import matmul
 
-from . import interleaved_medians, md_table
+from . import interleaved_medians, md_table, parse_timing, timing_parser
 
 
 def _cases(tokens=512, hidden=256, ffn=1024, dtype=torch.float32):
@@ -65,12 +63,9 @@ def run(threads: int, rounds: int, repeats: int, dtype) -> list[list[str]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    p = timing_parser(__doc__, threads=2, cpu_time=False)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    a = p.parse_args(argv)
+    a = parse_timing(p, argv)
     header = ["case", "eager us", "inductor us", "pypto native epilogue us", "pypto us",
               "pypto vs native epilogue", "pypto vs eager",
               "pypto vs inductor"]

@@ -6,15 +6,10 @@ medians and ratios.
 """
 from __future__ import annotations
 
-import argparse
-import time
-
 import torch
 import torch.nn.functional as F
 
-import benchmarks
-
-from . import interleaved_medians, md_table
+from . import interleaved_medians, md_table, parse_timing, timing_parser
 
 
 def _rms(x, w):
@@ -55,19 +50,10 @@ def run(threads, rounds, repeats, dtypes, cases, rows=4096, cols=1024) -> list[l
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    p = timing_parser(__doc__, threads=1)
     p.add_argument("--dtypes", default="bfloat16,float16")
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--cpu-time", action="store_true",
-                   help="time the calling thread's CPU time (1 thread only): robust to load")
-    a = p.parse_args(argv)
-    if a.cpu_time:
-        if a.threads != 1:
-            p.error("--cpu-time needs --threads 1")
-        benchmarks.CLOCK = time.thread_time
+    a = parse_timing(p, argv)
     rows = run(a.threads, a.rounds, a.repeats, [getattr(torch, d) for d in a.dtypes.split(",")],
                a.cases.split(","))
     print("\n".join(md_table(["case", "eager us", "inductor us", "pypto us", "pypto vs eager",
