@@ -487,17 +487,25 @@ def fit(points, start: dict, rounds: int = 8) -> tuple[dict, float, tuple[float,
         et, es = f.errors(q)
         return es + TIME_WEIGHT * et
 
+    p, best = _coordinate_search(objective, p, rounds, span=30.0, steps=61, shrink=0.6,
+                                 floor=1.5)
+    return p, best, f.errors(p)
+
+
+def _coordinate_search(objective, p: dict, rounds: int, span: float, steps: int,
+                       shrink: float, floor: float) -> tuple[dict, float]:
+    """Each parameter in turn over a geometric grid of ``steps`` values within a factor
+    ``span`` of its value, keeping any improvement; the span narrows every round."""
     best = objective(p)
-    span = 30.0
     for _ in range(rounds):
         for k in KEYS:
-            for v in p[k] * np.geomspace(1 / span, span, 61):
+            for v in p[k] * np.geomspace(1 / span, span, steps):
                 q = dict(p, **{k: float(v)})
                 e = objective(q)
                 if e < best - 1e-12:
                     best, p = e, q
-        span = max(span ** 0.6, 1.5)
-    return p, best, f.errors(p)
+        span = max(span ** shrink, floor)
+    return p, best
 
 
 AGREE_WEIGHT = 20.0  # per disagreeing decision, against the log objective (~0.05-0.2)
@@ -517,18 +525,8 @@ def fit_decisions(points, start: dict, rounds: int = 6) -> tuple[dict, float]:
         miss = float(np.mean((f.log_roi(t) >= math.log(THRESHOLD)) != sim_fuse))
         return AGREE_WEIGHT * miss + es + TIME_WEIGHT * et
 
-    p = dict(start)
-    best = objective(p)
-    span = 3.0
-    for _ in range(rounds):
-        for k in KEYS:
-            for v in p[k] * np.geomspace(1 / span, span, 41):
-                q = dict(p, **{k: float(v)})
-                e = objective(q)
-                if e < best - 1e-12:
-                    best, p = e, q
-        span = max(span ** 0.7, 1.2)
-    return p, best
+    return _coordinate_search(objective, dict(start), rounds, span=3.0, steps=41, shrink=0.7,
+                              floor=1.2)
 
 
 def log_rmse(points, p, cube_flops=None) -> float:
