@@ -7,7 +7,8 @@ algebra (transformers' causal masks), embedding lookups with broadcast positions
 masks of shape [B, S] against [B, 1, S, S] scores (a broadcast with no 2-D form: the
 launcher expands the input), rotate_half's ``cat`` of half-width values, the loss's
 integer ``where``, a flat view of a [B, S] domain, the loss's gather of each row's
-target and a classifier's [2, 2] logits (a UB tile row of whole 32-byte blocks). The whole-zoo figures come from
+target, the loss's label pad (int64, a fill block
+assembled next to the input) and a classifier's [2, 2] logits (a UB tile row of whole 32-byte blocks). The whole-zoo figures come from
 ``python -m benchmarks.pypto_coverage`` (docs/pypto_coverage.md). Skips without pypto.
 """
 from __future__ import annotations
@@ -55,6 +56,11 @@ def labels(y):
     return torch.where(y != -100, y, 0)
 
 
+def shift_labels(labels):
+    # transformers' causal LM loss: labels padded with the ignore index, shifted by one
+    return torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+
+
 def nll(logp, target):
     return -logp.gather(1, target[:, None]).squeeze(1).sum()
 
@@ -70,6 +76,9 @@ CASES = {
                                               torch.randn(2, 4, 16, 8))),
     "tiny_logits_log_softmax": (lambda h, w, b: torch.log_softmax(h @ w + b, -1),
                                 lambda: (torch.randn(2, 64), torch.randn(64, 2), torch.randn(2))),
+    "loss_label_pad_int64": (shift_labels, lambda: (torch.randint(0, 32, (2, 16)),)),
+    "float_pad_both_sides_exp": (lambda x: torch.nn.functional.pad(x * 2, (1, 2), value=1.5).exp(),
+                                 lambda: (torch.randn(4, 13),)),
     "int_where_flat_view": (labels, lambda: (torch.randint(-100, 100, (2, 16)),)),
 }
 

@@ -344,6 +344,40 @@ def _cat(em: Writer, op: TileOp):
     return em.tmp(f"pypto.concat([{', '.join(xs)}], 1)"), _float_out(em, op)
 
 
+@register("pad")
+def _pad(em: Writer, op: TileOp):
+    """A constant pad of the last dim (the loss's label shift ``pad(labels, (0, 1), -100)``)
+    in a static pointwise tile: a ``full`` block of the padded shape with the input
+    assembled into it at its column offset."""
+    n = len(op.out.shape)
+    pads = op.attrs["pads"]
+    if any(lo != 0 or hi != 0 for lo, hi in pads[:-1]) or em.layout.dynamic \
+            or em.layout.cols_dynamic or em.layout.nd:
+        raise PyptoEmitError("pad", "other than of the last dim of a static tile")
+    (x,) = tensor_operands(em, op)
+    out = em.layout.classify(op.out.shape, op.name)
+    left = int(pads[-1][0])
+    src = em.shape[op.args[0]]
+    if n == 0 or len(out) != 2 or len(src) != 2 or src[0] != out[0] \
+            or src[1] + left > out[1]:
+        raise PyptoEmitError("pad", f"of {list(src)} to {list(out)}")
+    kdt = em.dtype[op.args[0]]
+    if kdt == torch.bool:
+        raise PyptoEmitError("pad", "of a bool tensor (pypto.full makes no bool)")
+    value = op.attrs["value"]
+    # pypto refuses a tensor both computed and assembled into ("mix assemble and common
+    # operation for same output"): a fresh tensor gets the input and the fill blocks
+    block = em.tmp(f"pypto.Tensor({list(out)!r}, {em.dt(kdt)})", "pad")
+    em.lines.append(f"pypto.assemble({x}, [0, {left}], {block})")
+    for start, width in ((0, left), (left + src[1], out[1] - left - src[1])):
+        if width:
+            shape = (out[0], width)
+            fill = int_full(em, shape, int(value), kdt) if not kdt.is_floating_point else \
+                em.tmp(f"pypto.full({list(shape)!r}, {literal(float(value))}, {em.dt(kdt)})")
+            em.lines.append(f"pypto.assemble({fill}, [0, {start}], {block})")
+    return block, kdt, tuple(out)
+
+
 def int_full(em: Writer, shape, value: int, dtype: torch.dtype) -> str:
     """An integer constant tensor; pypto 0.2.0's codegen has no 64-bit full ("unsupported
     type ... int64_t"), so a 64-bit one is made in int32 (the value fits) and cast."""

@@ -66,6 +66,13 @@ class KernelWriter:
             # pypto needs a UB tile row of whole 32-byte blocks ("tile shape not set" for a
             # (2, 2) fp32 tile: a classifier's logits); a tile past the tensor's end is fine
             self.vec = tuple(self.vec[:-1]) + (_MIN_VEC_COLS,)
+        if self.vec and any(op.op == "pad" for op in tile.ops):
+            # pad's assembles are framework ops: pypto checks their tile row is whole 32-byte
+            # blocks ("FwkOp tile shape's last dim is not aligned", a [2, 17] int64 pad)
+            item = max(graph.specs[n].dtype.itemsize for op in tile.ops
+                       for n in op.inputs + [op.name])
+            step = max(32 // item, 1)
+            self.vec = tuple(self.vec[:-1]) + (-(-self.vec[-1] // step) * step,)
         self.loop = None  # dynamic rows: the loop over row tiles
         self.columns = None  # dynamic columns: passes over column chunks
         if self.layout.dynamic:
