@@ -108,3 +108,37 @@ def test_unsupported_gather_still_names_its_op():
     tiles = [t for g in rep.to_dict()["graphs"] for t in g["fusion_tiles"]]
     assert any("gather" in (t.get("split_ops") or []) for t in tiles), tiles
     assert all(t.get("verified") is not False for t in tiles)
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+
+def test_equal_size_chains_take_the_placeable_domain():
+    """phi3's planner puts the q half's ``neg`` ([2, 4, 16, 8]) and k's rotary ([2, 2, 16, 16],
+    cos/sin [1, 1, 16, 16]) in one tile: two chains of 1024 elements. The domain must be
+    k's (the cos broadcast has no 2-D form against [2, 4, 16, 8]); the tile is built here
+    from the two planned tiles, emitted whole and value-checked."""
+    import dataclasses
+
+    from pypto_inductor.codegen.pypto.verify import verify_tiles
+    from pypto_inductor.codegen.pypto.writer import emit_tile
+
+    def apply(q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    rep = pypto_inductor.report(apply, torch.randn(2, 4, 16, 16), torch.randn(2, 2, 16, 16),
+                                torch.randn(1, 16, 16), torch.randn(1, 16, 16),
+                                options={"hardware": "ascend-a2"})
+    plan = rep.graphs[0].plan
+    shape = lambda v: list(plan.graph.specs[v].shape)  # noqa: E731
+    neg = next(t for t in plan.tiles if [o.op for o in t.ops] == ["neg"]
+               and shape(t.inputs[0]) == [2, 4, 16, 8])
+    k_rot = next(t for t in plan.tiles if [o.op for o in t.ops] == ["mul", "mul", "add"]
+                 and [2, 2, 16, 16] in [shape(v) for v in t.inputs])
+    both = dataclasses.replace(k_rot, name="neg_and_k_rotary", ops=neg.ops + k_rot.ops,
+                               inputs=neg.inputs + k_rot.inputs,
+                               outputs=neg.outputs + k_rot.outputs)
+    assert "set_vec_tile_shapes" in emit_tile(both, plan.graph).source
+    (check,) = verify_tiles([both], plan.graph).values()
+    assert check.verified is True, (check.max_abs_err, check.verify_error)

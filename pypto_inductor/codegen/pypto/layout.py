@@ -52,6 +52,8 @@ class TileLayout:
             return
         what = self._domain(tile)
         self._split(what)
+        if self.matmul is None and not self.reduce_axes:
+            self._pick_domain(tile, what)
 
     # construction -----------------------------------------------------------------------
     def _batched_matmul(self) -> None:
@@ -87,6 +89,38 @@ class TileLayout:
         shapes = [tuple(op.out.shape) for op in tile.ops]
         self.sym_domain = max(shapes, key=lambda s: (int(numel(self.hint(s))), len(s)))
         return (self.matmul or tile.ops[0]).op
+
+    def _pick_domain(self, tile: FusionTile, what: str) -> None:
+        """Among the pointwise tile's largest shapes, the first every value places in: two
+        independent chains of equal size ([2, 4, 16, 8] q half and [2, 2, 16, 16] k of
+        phi3's rotary) take the domain whose broadcasts have a 2-D form."""
+        shapes = [tuple(op.out.shape) for op in tile.ops]
+        key = lambda sh: (int(numel(self.hint(sh))), len(sh))  # noqa: E731
+        best = key(self.sym_domain)
+        others = [sh for sh in dict.fromkeys(shapes) if key(sh) == best and sh != self.sym_domain]
+        if not others or self._placeable(tile):
+            return
+        first = self.sym_domain
+        for sh in others:
+            self.sym_domain = sh
+            try:
+                self._split(what)
+            except PyptoEmitError:
+                continue
+            if self._placeable(tile):
+                return
+        self.sym_domain = first
+        self._split(what)
+
+    def _placeable(self, tile: FusionTile) -> bool:
+        for value in list(tile.inputs) + [op.name for op in tile.ops]:
+            shape = self.graph.specs[value].shape
+            try:
+                self.place(shape, value)
+            except PyptoEmitError:
+                if not (value in tile.inputs and self.expands_to_domain(shape)):
+                    return False
+        return True
 
     def _split(self, what: str) -> None:
         self.domain = self.hint(self.sym_domain)
