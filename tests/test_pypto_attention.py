@@ -75,6 +75,25 @@ def test_wrong_scale_is_caught():
     assert checks[1].verified is True, checks[1]
 
 
+@pytest.mark.parametrize("name", ["causal_bf16", "padmask_fp16", "plain_fp32"])
+def test_online_softmax_over_key_blocks_verifies(name):
+    """Key blocks of 32 (the online softmax: running max and sum, rescaled accumulator),
+    and the online form kept with one key block, both against eager SDPA."""
+    spec = next(s for s in SPECS if s.name == name)
+    inputs = A.random_inputs(spec, 2)
+    expected = A.reference(spec, inputs)
+    kernels = [A.emit_flash(spec, tq=32, tk=32), A.emit_flash(spec, single=False)]
+    assert all("pypto.loop(" in k.source and "alpha" in k.source for k in kernels)
+    for check in verify.verify_kernels([(k, inputs, expected) for k in kernels]):
+        assert check.verified is True and check.max_abs_err < 2e-2, check
+
+
+def test_one_key_block_is_the_plain_softmax():
+    """Every key in one block: no running max/sum and no rescale (fewer vector ops)."""
+    source = A.emit_flash(SPECS[0]).source
+    assert "alpha" not in source and "pypto.amax(s, -1, True)" in source
+
+
 def test_unsupported_calls_say_why():
     with pytest.raises(PyptoEmitError, match="mask of shape"):
         A.AttentionSpec(2, 2, S, S, 64, 64, torch.float16, 0.125, mask_shape=(3, 1, S, S),
@@ -102,3 +121,4 @@ def test_report_lists_the_attention_kernel():
     call = calls[0]
     assert call["causal"] is True and call["verified"] is True, call
     assert call["simulated_cycles_fused"] and call["simulated_cycles_unfused"]
+    assert call["simulated_work_cycles_fused"] and call["simulated_work_cycles_unfused"]

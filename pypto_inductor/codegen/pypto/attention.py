@@ -211,10 +211,11 @@ def blocks(spec: AttentionSpec) -> tuple[int, int]:
 
 
 def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None,
-               tk: int | None = None, scale: float | None = None, vec: tuple | None = None
-               ) -> PyptoKernel:
+               tk: int | None = None, scale: float | None = None, vec: tuple | None = None,
+               single: bool = True) -> PyptoKernel:
     """The fused flash-attention kernel of ``spec`` (``scale`` overrides spec.scale: a
-    test's deliberately wrong kernel)."""
+    test's deliberately wrong kernel; ``single=False`` keeps the online softmax when one
+    key block covers every key)."""
     B, H, Sq, Sk, D, Dv = spec.B, spec.H, spec.Sq, spec.Sk, spec.D, spec.Dv
     dq, dk = blocks(spec)
     tq, tk = _block(Sq, tq or dq), _block(Sk, tk or dk)
@@ -233,20 +234,39 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
         f"vb = pypto.view(in_v, [{tk}, {Dv}], [bh * {Sk} + k0, 0])",
         f"s = pypto.matmul(qb, kb, pypto.DT_FP32, b_trans=True)",
         f"s = pypto.mul(s, {scale!r})",
-    ] + _mask_lines(spec, "", "", tq, tk, "s", "q0", "k0") + [
-        "mnew = pypto.maximum(m, pypto.amax(s, -1, True))",
-        "p = pypto.exp(pypto.sub(s, mnew))",
-        "alpha = pypto.exp(pypto.sub(m, mnew))",
-        "l[:] = pypto.add(pypto.mul(l, alpha), pypto.sum(p, -1, True))",
-        f"pv = pypto.matmul(pypto.cast(p, {vdt}), vb, pypto.DT_FP32)",
-        "acc[:] = pypto.add(pypto.mul(acc, alpha), pv)",
-        "m[:] = mnew",
-    ]
+    ] + _mask_lines(spec, "", "", tq, tk, "s", "q0", "k0")
+    online = nk > 1 or not single
+    if online:
+        inner += [
+            "mnew = pypto.maximum(m, pypto.amax(s, -1, True))",
+            "p = pypto.exp(pypto.sub(s, mnew))",
+            "alpha = pypto.exp(pypto.sub(m, mnew))",
+            "l[:] = pypto.add(pypto.mul(l, alpha), pypto.sum(p, -1, True))",
+            f"pv = pypto.matmul(pypto.cast(p, {vdt}), vb, pypto.DT_FP32)",
+            "acc[:] = pypto.add(pypto.mul(acc, alpha), pv)",
+            "m[:] = mnew",
+        ]
+    else:
+        # one key block holds every key: the plain softmax, no running max and sum to
+        # carry, no rescale of the accumulator (the online form's extra vector work)
+        inner += [
+            "m = pypto.amax(s, -1, True)",
+            "p = pypto.exp(pypto.sub(s, m))",
+            "l = pypto.sum(p, -1, True)",
+            f"acc = pypto.matmul(pypto.cast(p, {vdt}), vb, pypto.DT_FP32)",
+        ]
     # causal: key blocks wholly after the query block are all masked; not visiting them is
     # the flash kernel's saving (only when the blocks align: tk divides the query block end)
     nk_expr = str(nk)
     if spec.causal and kv is not None and tq % tk == 0 and Sq == Sk:
         nk_expr = f"(q0 + {tq}) // {tk}"
+    loop = [
+        f"        m = pypto.full([{tq}, 1], -{_BIG}, pypto.DT_FP32)",
+        f"        l = pypto.full([{tq}, 1], 0.0, pypto.DT_FP32)",
+        f"        acc = pypto.full([{tq}, {Dv}], 0.0, pypto.DT_FP32)",
+        f"        for j in pypto.loop({nk_expr}):",
+    ] + ["            " + x for x in inner] if online else \
+        ["        j = 0"] + ["        " + x for x in inner]
     body = [
         f"pypto.set_vec_tile_shapes({vt[0]}, {vt[1]})",
         # k covers both matmuls' K (D for QK^T, tk for PV): no split K, no extra tasks
@@ -257,11 +277,7 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
         f"    for i in pypto.loop({nq}):",
         f"        q0 = i * {tq}",
         f"        qb = pypto.view(in_q, [{tq}, {D}], [bh * {Sq} + q0, 0])",
-        f"        m = pypto.full([{tq}, 1], -{_BIG}, pypto.DT_FP32)",
-        f"        l = pypto.full([{tq}, 1], 0.0, pypto.DT_FP32)",
-        f"        acc = pypto.full([{tq}, {Dv}], 0.0, pypto.DT_FP32)",
-        f"        for j in pypto.loop({nk_expr}):",
-    ] + ["            " + x for x in inner] + [
+    ] + loop + [
         f"        o = pypto.cast(pypto.div(acc, l), {vdt})" if spec.dtype != torch.float32
         else "        o = pypto.div(acc, l)",
         f"        pypto.assemble(o, [bh * {Sq} + q0, 0], out_out)",
@@ -377,6 +393,10 @@ class AttentionSimulation:
     fused_cycles: int | None = None
     unfused_cycles: int | None = None
     unfused_parts: dict = dataclasses.field(default_factory=dict)
+    # task span + launch cost per kernel (SimResult.work_cycles): what the work costs;
+    # Total Cycles move in steps and mostly count tasks
+    fused_work: int | None = None
+    unfused_work: int | None = None
     verified: bool | None = None
     max_abs_err: float | None = None
     error: str | None = None
@@ -394,6 +414,10 @@ class AttentionSimulation:
                 "causal": s.causal, "mask": list(s.mask_shape) if s.mask_shape else None,
                 "simulated_cycles_fused": self.fused_cycles,
                 "simulated_cycles_unfused": self.unfused_cycles,
+                "simulated_work_cycles_fused": self.fused_work,
+                "simulated_work_cycles_unfused": self.unfused_work,
+                "work_speedup": (self.unfused_work / self.fused_work
+                                 if self.fused_work and self.unfused_work else None),
                 "unfused_parts": dict(self.unfused_parts), "speedup": self.speedup,
                 "verified": self.verified, "max_abs_err": self.max_abs_err, "error": self.error}
 
@@ -423,6 +447,9 @@ def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: in
         sim.unfused_parts = {k: r.cycles for k, r in zip(("scores", "softmax", "pv"), parts)}
         if all(r.cycles is not None for r in parts):
             sim.unfused_cycles = sum(r.cycles for r in parts)
+        sim.fused_work = fused.work_cycles
+        if all(r.work_cycles is not None for r in parts):
+            sim.unfused_work = sum(r.work_cycles for r in parts)
         errors = [r.error for r in [fused] + parts if r.error]
         if errors:
             sim.error = "; ".join(e.splitlines()[0][:200] for e in errors)
