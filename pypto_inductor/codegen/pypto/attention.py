@@ -4,13 +4,16 @@
 into one ``scaled_dot_product_attention`` call, an extern op of the tile graph
 (``_scaled_dot_product_flash_attention_for_cpu``). For the pypto target that call
 is emitted here as one kernel, the flash-attention form: for each (batch, head)
-and block of ``tq`` query rows, a loop over blocks of ``tk`` keys
+and block of ``tq`` query rows, over blocks of ``tk`` keys
 
 - cube: ``s = q_blk @ k_blk^T`` (fp16/bf16/fp32 operands, fp32 result);
-- vector: scale, mask (an additive float mask, a bool mask as 0 / -1e30, causal as
-  ``pypto.tril`` of ones at the block's diagonal), the online softmax: running row
-  max ``m``, rescale factor ``exp(m_old - m_new)``, running sum ``l``;
-- cube: ``acc = acc * alpha + p @ v_blk`` (``p`` cast to v's dtype, as flash kernels do);
+- vector: scale, mask (an additive float mask, a bool mask as 0 / -1e30, causal from a
+  bool tril input), the softmax: with up to :data:`MAX_UNROLLED_KEY_BLOCKS` key blocks
+  the blocks are unrolled (one row max ``m`` and sum ``l`` over all score blocks, kept on
+  chip); beyond, the online softmax in a ``pypto.loop`` (running max, rescale factor
+  ``exp(m_old - m_new)``, running sum), which costs about twice the simulated work;
+- cube: ``acc = sum_j p_j @ v_j`` (``p`` cast to v's dtype, as flash kernels do), rescaled
+  by ``alpha`` in the online form;
 
 then ``out = acc / l`` and ``lse = m + log(l)`` (SDPA's second result). The scores
 never leave the chip: that is the fusion. The running max starts at -1e30, not
@@ -202,10 +205,9 @@ def blocks(spec: AttentionSpec) -> tuple[int, int]:
     """(query block, key block): keys in blocks of up to 512 (one block when the sequence
     fits: no rescaling), queries so that a [tq, tk] fp32 score block is at most 128 KiB; the
     vector ops then run on UB tiles of at most 8192 elements (see emit_flash).
-    Measured in SIM (Total Cycles), B=1, H=4, D=64 fp16: S=512: (32, 512) 384k cycles,
-    (64, 256) 424k, (128, 128) 784k, (64, 128) 1.30M; S=1024 with the UB tile (16, 512):
-    (64, 512) 1.29M, (32, 512) at (32, 512) 1.50M, (128, 256) 1.51M; (128, 512) and larger
-    fail pypto's passes."""
+    Measured in SIM (work cycles, B=1, H=4, D=64 fp16, docs/pypto_coverage.md): S=512
+    (64, 512) 190k, (32, 1024) 283k, (64, 128) online 1.29M; S=128 (128, 128) 41.0k,
+    (64, 128) 40.6k; a key block of 1024 fails pypto's passes."""
     tk = _block(spec.Sk, 512)
     return _block(spec.Sq, max(16, 32768 // tk)), tk
 
