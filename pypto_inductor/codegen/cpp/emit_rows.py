@@ -21,6 +21,10 @@ POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
 REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.interleaved)
+# Rows of fewer (static) columns keep one accumulator: each lane's `omp simd` sum ends in a
+# chain of scalar adds over the vector's lanes, which costs more than the split saves on a
+# short row (add + LayerNorm, 512 rows of 64: 71 -> 46 us a call; of 768: 221 -> 211 us)
+LANES_MIN_COLUMNS = 1024
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double: one fp32 total loses precision over very long rows (docs/benchmarks.md has
 # the errors and the cost of smaller blocks).
@@ -288,7 +292,9 @@ class RowEmitter:
         # a sum's one accumulator is a chain of dependent adds, the bound of a cheap pass:
         # split the fast path's row in REDUCTION_LANES parts, each with its own accumulators
         # (not around math calls: softmax's exp pass stopped vectorising)
-        lanes = REDUCTION_LANES if segs == 1 and any(
+        cols = sympy.Mul(*self.p.shape[self.outer:])
+        short = cols.is_Integer and int(cols) < LANES_MIN_COLUMNS
+        lanes = REDUCTION_LANES if segs == 1 and not short and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
         ) else 1
