@@ -15,6 +15,7 @@ from pathlib import Path
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
+from torch._functorch.compile_utils import fx_graph_cse
 
 from .calibrate import hardware_model
 from .codegen import get_target
@@ -37,6 +38,10 @@ class UnsupportedOpsError(RuntimeError):
     """fallback='error' and the graph has ops that would run eagerly."""
 
 
+# Inference graphs get torch's common-subexpression pass before lowering (AOTAutograd runs
+# it on training graphs only): each SDPA call's bool-to-float mask conversion is its own
+# `where` otherwise, one identical float mask written per layer
+CSE_INFERENCE = True
 # Errors that are the answer the user asked for (fallback='error', a bad option), never
 # turned into an eager fallback
 _DELIBERATE = (UnsupportedOpsError, KernelBuildError, ConfigError)
@@ -72,7 +77,8 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         device = unsupported_device(gm, get_target(config.target))
         if device:
             raise GraphNotLowerable(device)
-        graph = lower_graph(gm, config, name)
+        graph = lower_graph(_cse(gm) if CSE_INFERENCE and name.endswith("_inference") else gm,
+                            config, name)
     except GraphNotLowerable as e:
         if config.fallback == "error":
             raise UnsupportedOpsError(f"graph {name} cannot be lowered: {e}") from e
@@ -131,6 +137,12 @@ def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
     (root / f"{name}.tilegraph.txt").write_text(str(plan.graph) + "\n")
     for tile in plan.tiles:
         (root / f"{tile.name}.pto.txt").write_text(tile.pto_text(plan.graph.specs) + "\n")
+
+
+def _cse(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with identical pure nodes merged (random ops, mutations and
+    outputs' storages kept apart by the pass); ``gm`` itself stays the eager fallback."""
+    return fx.GraphModule(gm, fx_graph_cse(gm.graph))
 
 
 def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):

@@ -278,6 +278,24 @@ def test_row_sums_in_lanes_at_every_remainder(dtype, built, tol):
     assert any("const int64_t cq =" in src for src in sources)  # the lanes ran
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_short_static_row_sums_in_vector_lanes(dtype, built, tol):
+    """Float sums over a short static row add VECTOR_LANES columns at a time and combine the
+    lanes as a tree, the remainder in order: rows below, at and between multiples of the
+    lanes, a LayerNorm with a residual add (two sums) and an RMSNorm (one)."""
+    def fn(x, r, w):
+        h = x + r
+        ln = F.layer_norm(h, h.shape[-1:], w, None, 1e-5)
+        rms = h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype) * w
+        return ln, rms, h.sum(-1)
+    for cols in (3, 16, 37, 64, 100):
+        check(fn, rand(9, cols, dtype=dtype) * 3, rand(9, cols, dtype=dtype),
+              rand(cols, dtype=dtype), built=built, **tol(dtype))
+    sources = [cpp.generate_source(k.program) for _, k in built if k.native]
+    assert any("const int64_t cv =" in src for src in sources)  # the vector lanes ran
+    assert not any("const int64_t cq =" in src for src in sources)  # not the 4-part split
+
+
 def test_layernorm_sums_its_row_once_for_mean_and_var(built, tol):
     """var_mean's mean and the normalisation's mean are one accumulator, not two."""
     ln = torch.nn.LayerNorm(96)

@@ -21,6 +21,14 @@ POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
 REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.interleaved)
+# Rows of fewer (static) columns keep one accumulator: each lane's `omp simd` sum ends in a
+# chain of scalar adds over the vector's lanes, which costs more than the split saves on a
+# short row (add + LayerNorm, 512 rows of 64: 71 -> 46 us a call; of 768: 221 -> 211 us)
+LANES_MIN_COLUMNS = 1024
+# Their float sums instead add VECTOR_LANES columns at a time into an array of partial sums
+# combined as a tree (RowEmitter.vector_lanes): log2(VECTOR_LANES) vector adds in place of
+# the `omp simd` epilogue's scalar chain
+VECTOR_LANES = 16
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double: one fp32 total loses precision over very long rows (docs/benchmarks.md has
 # the errors and the cost of smaller blocks).
@@ -288,7 +296,13 @@ class RowEmitter:
         # a sum's one accumulator is a chain of dependent adds, the bound of a cheap pass:
         # split the fast path's row in REDUCTION_LANES parts, each with its own accumulators
         # (not around math calls: softmax's exp pass stopped vectorising)
-        lanes = REDUCTION_LANES if segs == 1 and any(
+        cols = sympy.Mul(*self.p.shape[self.outer:])
+        short = cols.is_Integer and int(cols) < LANES_MIN_COLUMNS
+        cheap = not any(self.calls_math(x) for x in self.col_deps(
+            [a for x in reductions for a in x.args]))
+        vec = short and segs == 1 and cheap and bool(reductions) and all(
+            x.attrs["red"] == "sum" and ctype(x.dtype) == "float" for x in reductions)
+        lanes = REDUCTION_LANES if segs == 1 and not short and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
         ) else 1
@@ -307,7 +321,11 @@ class RowEmitter:
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
-                self.w(self.pragma(reductions))
+                if path == "fast" and vec:
+                    self.vector_lanes(reductions, deps, tail, lo, hi)
+                    lo = f"{lo} + {VECTOR_LANES} * cv"  # the remaining columns, in order
+                else:
+                    self.w(self.pragma(reductions))
                 self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
                 if path == "generic" and self.p.m > 1:
                     self.w("        int64_t u = c; (void)u;")
@@ -353,6 +371,34 @@ class RowEmitter:
                 self.w("        " + line)
             self.w("       }")
         self.w("      }")
+
+    def vector_lanes(self, reductions, deps, tail, lo, hi) -> None:
+        """Columns [lo, lo + VECTOR_LANES * cv) of a short row's float sums: lane l of
+        ``acc<id>_v`` sums the columns l mod VECTOR_LANES, the lanes then add as a tree
+        into acc<id>."""
+        n = VECTOR_LANES
+        self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
+        for x in reductions:
+            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = {{}};")
+        self.w("      for (int64_t q = 0; q < cv; ++q) {")
+        self.w("       #pragma omp simd")
+        self.w(f"       for (int64_t l = 0; l < {n}; ++l) {{")
+        self.w(f"        const int64_t c = {lo} + q * {n} + l;")
+        for x in deps:
+            self.define(x, "        ", col=True)
+        for line in tail("fast", "_v[l]"):
+            self.w("        " + line)
+        self.w("       }")
+        self.w("      }")
+        width = n // 2
+        while width:
+            for x in reductions:
+                self.w("      #pragma omp simd")
+                self.w(f"      for (int64_t l = 0; l < {width}; ++l) "
+                       f"acc{x.id}_v[l] += acc{x.id}_v[l + {width}];")
+            width //= 2
+        for x in reductions:
+            self.w(f"      acc{x.id} += acc{x.id}_v[0];")
 
     def combine_lanes(self, reductions, lanes) -> None:
         for x in reductions:
