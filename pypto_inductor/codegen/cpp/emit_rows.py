@@ -18,6 +18,7 @@ from .indexing import gather_address, index_prologue, iota
 from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
                   identity, literal, load, number, size, store)
 from .prelude import PRELUDE
+from .program import dim_mult
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
@@ -37,6 +38,10 @@ BLOCK_ROWS, BLOCK_COLS = 64, 32
 # (4 KiB) a block keeps a few blocks in L1.
 STAGE = 1024
 STAGE_HALF = True  # switch (the benchmark's "before")
+# A row kernel with passes over rows of at most ROW_STAGE columns (a constant) converts each
+# fp16 row input once per row into a float row on the stack that every pass reads
+# (LayerNorm: once, not three times).
+ROW_STAGE = 8192
 
 class RowEmitter:
     def __init__(self, p):
@@ -77,6 +82,7 @@ class RowEmitter:
                            and not users.get(x.id)
                            and all(s.dtype == x.dtype for y, s in p.outputs if y is x)}
         self.staged: dict[int, str] = {}  # access -> its float block in the loop being written
+        self.row_staged: set[int] = set()  # accesses converted once per row (stage_rows)
 
     def w(self, line: str) -> None:
         self.lines.append(line)
@@ -169,6 +175,7 @@ class RowEmitter:
             a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
         rows_per_item = f"((R + {BLOCK_ROWS} - 1) / {BLOCK_ROWS})" if blocked else "R"
         w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
+        self.stage_call()
         w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
           f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
@@ -236,6 +243,8 @@ class RowEmitter:
             rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
             if col and path == "fast" and k in self.staged:
                 rhs = f"{self.staged[k]}[c - cs]"
+            elif col and path == "fast" and k in self.row_staged:
+                rhs = f"sr{k}[c]"
         elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
             rhs = self.part(x, x.args[-1])
             for s in range(len(x.args) - 2, -1, -1):
@@ -308,11 +317,55 @@ class RowEmitter:
         p = self.p
         if not STAGE_HALF or any(wr.direct for wr in getattr(p, "writes", {}).values()):
             return [], []
-        ins = sorted({x.attrs["access"] for x in deps if x.kind == "load" and x.level == "col"
-                      and x.id not in self.stored and p.fast[x.attrs["access"]] == "unit"
-                      and p.input_specs[p.accesses[x.attrs["access"]].input].dtype
-                      == torch.float16})
+        ins = sorted(self.half_accesses(deps) - self.row_staged)
         return ins, [o for o in outs if o[2].dtype == torch.float16]
+
+    def half_accesses(self, nodes) -> set[int]:
+        """The accesses of the fp16 column loads among ``nodes`` read with unit stride."""
+        p = self.p
+        return {x.attrs["access"] for x in nodes if x.kind == "load" and x.level == "col"
+                and x.id not in self.stored and p.fast[x.attrs["access"]] == "unit"
+                and p.input_specs[p.accesses[x.attrs["access"]].input].dtype == torch.float16}
+
+    def row_stageable(self) -> int:
+        """The row length when whole fp16 rows may be staged (a constant up to ROW_STAGE
+        columns, no column cat, no output aliasing an input), else 0."""
+        p = self.p
+        cols = sympy.Mul(*p.shape[self.outer:])
+        if not STAGE_HALF or getattr(p, "cat_bounds", None) or not cols.is_Integer \
+                or int(cols) > ROW_STAGE \
+                or any(wr.direct for wr in getattr(p, "writes", {}).values()):
+            return 0
+        return int(cols)
+
+    def stage_call(self) -> None:
+        """fp16 inputs read the same for every row (a LayerNorm weight, a bias) convert once
+        per call, before the parallel loop, into a float row all threads read."""
+        cols = self.row_stageable()
+        if not cols:
+            return
+        p = self.p
+        shared = {k for k in self.half_accesses([x for x in p.nodes if x.id in self.needed])
+                  if all(dim_mult(e)[0] is None
+                         for e in p.accesses[k].dims[:len(self.frame_rows(k))])}
+        for k in sorted(shared):
+            self.w(f"  alignas(64) float sr{k}[{cols}];")
+            self.w(f"  if (fast) pi_ld_f16_n(in{p.accesses[k].input}, sr{k}, C);")
+        self.row_staged |= shared
+
+    def stage_rows(self) -> None:
+        """Convert the fp16 row inputs of a multi-pass row kernel once per row (ROW_STAGE)."""
+        p = self.p
+        cols = self.row_stageable()
+        if not cols or not p.reduction or self.passes < 1 or not self.outer:
+            return
+        rows = self.half_accesses(
+            [x for x in p.nodes if x.id in self.needed and x.id not in self.stored]) \
+            - self.row_staged
+        self.row_staged |= rows
+        for k in sorted(rows):
+            self.w(f"    alignas(64) float sr{k}[{int(cols)}];")
+            self.w(f"    if (fast) pi_ld_f16_n(in{p.accesses[k].input} + b{k}, sr{k}, C);")
 
     def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1"), outs=()) -> None:
         """The column loop computing ``targets`` then running ``tail(path, lane)`` lines and
@@ -472,6 +525,7 @@ class RowEmitter:
     def body(self, has_fast: bool) -> None:
         p, w = self.p, self.w
         self.cache_costly_values()
+        self.stage_rows()
         self.row_nodes(0)
         for stage in range(1, self.passes + 1):
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
