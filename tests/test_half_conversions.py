@@ -243,3 +243,17 @@ def test_rounded_once_matches_eager(dtype):
     _check(lambda a, b: ((a * b) + a).to(dtype) * 0.1, x, y, atol=0, rtol=0)
     _check(lambda a, b: (a.float() * b.float()).to(dtype), x, y, atol=0, rtol=0)
     _check(lambda a, b: (a * b, (a * b).float() * 3.0), x, y, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(300, 37), (64, 1100), (3, 5, 20)])
+def test_staged_column_reductions(shape, sources):
+    """Column reductions (emit_columns) stage the block's fp16 columns and per-element
+    outputs: block widths with tails, more than one block, a reduction over two dims."""
+    x, b = _h(*shape) * 3.0, _h(shape[-1])
+    x.view(-1)[7] = float("nan")
+
+    def fn(x, b):
+        y = x * 2.0 + b  # a per-element fp16 output written by the pass that sums it
+        dims = tuple(range(x.dim() - 1))
+        return y, y.sum(dims), x.amax(0), x.float().mean(0), (x - x.mean(0)).var(0)
+    _check(fn, x, b, sources=sources, atol=2e-2, rtol=2e-2)
