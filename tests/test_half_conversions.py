@@ -257,3 +257,24 @@ def test_staged_column_reductions(shape, sources):
         dims = tuple(range(x.dim() - 1))
         return y, y.sum(dims), x.amax(0), x.float().mean(0), (x - x.mean(0)).var(0)
     _check(fn, x, b, sources=sources, atol=2e-2, rtol=2e-2)
+
+
+def test_dynamic_sizes_and_two_threads(sources):
+    """Symbolic row lengths (block staging only, no per-row float copy) and two threads
+    sharing the per-call converted weight."""
+    fn = CASES["layernorm"]
+    compiled = torch.compile(fn, backend="pypto", options={"target": "cpu", "fallback": "error"},
+                             dynamic=True)
+    with torch.no_grad():
+        for rows, cols in ((7, 33), (12, 1030)):
+            x, w, b = _h(rows, cols), _h(cols), _h(cols)
+            torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), atol=1e-2, rtol=1e-2)
+    assert any("pi_ld_f16_n(in" in s for s in sources)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for case in ("layernorm", "mul_add_silu"):
+            torch._dynamo.reset()
+            _check(CASES[case], _h(64, 1024), _h(1024), _h(1024))
+    finally:
+        torch.set_num_threads(before)
