@@ -144,6 +144,8 @@ class ColumnEmitter(RowEmitter):
             a = self.p.accesses[k]
             idx = f"b{k} + {f'o{k} + ' if a.col else ''}{self.along(k, path)}"
             rhs = load(f"in{a.input}[{idx}]", self.p.input_specs[a.input].dtype)
+            if col and path == "fast" and k in self.staged:
+                rhs = f"{self.staged[k]}[j]"
         else:
             rhs = expression(x, self.var)
         self.w(f"{ind}const {ctype(x.dtype)} v{x.id} = {rhs};" if col else
@@ -253,6 +255,19 @@ class ColumnEmitter(RowEmitter):
                 continue
             w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
             self.offsets("      ")
+            # fp16 columns of the block through float buffers (emit_rows.STAGE_HALF)
+            ins, souts = self.staging([x for x in deps if x.level == "col"
+                                       and (x.kind != "load"
+                                            or self.p.accesses[x.attrs["access"]].col)],
+                                      outs) if path == "fast" else ([], [])
+            for k in ins:
+                a = self.p.accesses[k]
+                self.w(f"      alignas(64) float sa{k}[{ROWS_PER_BLOCK}];")
+                self.w(f"      pi_ld_f16_n(in{a.input} + b{k} + o{k}, sa{k}, nr);")
+                self.staged[k] = f"sa{k}"
+            for k, _, _ in souts:
+                self.w(f"      alignas(64) float so{k}[{ROWS_PER_BLOCK}];")
+            staged_outs = {k for k, _, _ in souts}
             w("      #pragma omp simd")
             w("      for (int64_t j = 0; j < nr; ++j) {")
             for x in deps:
@@ -262,8 +277,12 @@ class ColumnEmitter(RowEmitter):
                 for line in self.update(x, v, f"({v} != {v})"):
                     w(f"        {line}")
             for k, x, spec in outs:
-                w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+                w(f"        so{k}[j] = {self.var(x)};" if k in staged_outs else
+                  f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
             w("      }")
+            for k in sorted(staged_outs):
+                w(f"      pi_st_f16_n(so{k}, out{k} + c * R + r0, nr);")
+            self.staged = {}
             w("     }")
             w("    }")
         if wide:

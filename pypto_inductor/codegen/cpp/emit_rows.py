@@ -12,11 +12,13 @@ is emitted beside a generic strided path.
 from __future__ import annotations
 
 import sympy
+import torch
 
 from .indexing import gather_address, index_prologue, iota
 from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
                   identity, literal, load, number, size, store)
 from .prelude import PRELUDE
+from .program import dim_mult
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
@@ -37,6 +39,17 @@ SUM_BLOCK = 16384
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads (the block shape measured on attention's K^T copy: docs/benchmarks.md).
 BLOCK_ROWS, BLOCK_COLS = 64, 32
+# Contiguous fp16 columns of the fast path are converted STAGE columns at a time into
+# float blocks before the loop over them and fp16 outputs from one after it, with the
+# prelude's vector conversions (pi_ld_f16_n / pi_st_f16_n): GCC does not vectorise fp16
+# conversions, and the integer ones cost ~3x bf16's (docs/benchmarks.md). 1024 floats
+# (4 KiB) a block keeps a few blocks in L1.
+STAGE = 1024
+STAGE_HALF = True  # switch (the benchmark's "before")
+# A row kernel with passes over rows of at most ROW_STAGE columns (a constant) converts each
+# fp16 row input once per row into a float row on the stack that every pass reads
+# (LayerNorm: once, not three times).
+ROW_STAGE = 8192
 
 class RowEmitter:
     def __init__(self, p):
@@ -65,6 +78,19 @@ class RowEmitter:
         self.cached: set[int] = set()  # col values a row pass stores for the later passes
         self.stored: set[int] = set()  # of those, the ones stored by a pass already emitted
         self.storing: set[int] = set()  # ... and by the pass being emitted
+        # half values only stored (as their own dtype): left unrounded, the store rounds
+        users: dict[int, int] = {}
+        for x in nodes:
+            for a in x.args:
+                if hasattr(a, "id"):
+                    users[a.id] = users.get(a.id, 0) + 1
+        self.store_only = {x.id for x, spec in p.outputs
+                           if x.level == "col" and x.kind in ("op", "expr")
+                           and x.dtype in (torch.float16, torch.bfloat16)
+                           and not users.get(x.id)
+                           and all(s.dtype == x.dtype for y, s in p.outputs if y is x)}
+        self.staged: dict[int, str] = {}  # access -> its float block in the loop being written
+        self.row_staged: set[int] = set()  # accesses converted once per row (stage_rows)
 
     def w(self, line: str) -> None:
         self.lines.append(line)
@@ -157,6 +183,7 @@ class RowEmitter:
             a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
         rows_per_item = f"((R + {BLOCK_ROWS} - 1) / {BLOCK_ROWS})" if blocked else "R"
         w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
+        self.stage_call()
         w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
           f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
@@ -222,6 +249,10 @@ class RowEmitter:
             k = x.attrs["access"]
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
             rhs = load(f"in{self.p.accesses[k].input}[{idx}]", spec.dtype)
+            if col and path == "fast" and k in self.staged:
+                rhs = f"{self.staged[k]}[c - cs]"
+            elif col and path == "fast" and k in self.row_staged:
+                rhs = f"sr{k}[c]"
         elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
             rhs = self.part(x, x.args[-1])
             for s in range(len(x.args) - 2, -1, -1):
@@ -239,7 +270,7 @@ class RowEmitter:
         elif x.id in self.stored:
             rhs = f"sc{x.id}[c]"
         else:
-            rhs = expression(x, self.var)
+            rhs = expression(x, self.var, rounded=x.id not in self.store_only)
         self.w(f"{ind}const {ctype(x.dtype)} {self.var(x)} = {rhs};")
         if col and x.id in self.cached and x.id not in self.stored:
             self.w(f"{ind}sc{x.id}[c] = {self.var(x)};")
@@ -288,8 +319,65 @@ class RowEmitter:
                 stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
-    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1")) -> None:
-        """The column loop computing ``targets`` then running ``tail(path, lane)`` lines."""
+    def staging(self, deps, outs) -> tuple[list, list]:
+        """The fast path's fp16 loads (accesses) and outputs staged in float blocks: those
+        read or written contiguously along the columns, unless an output aliases an input."""
+        p = self.p
+        if not STAGE_HALF or any(wr.direct for wr in getattr(p, "writes", {}).values()):
+            return [], []
+        ins = sorted(self.half_accesses(deps) - self.row_staged)
+        return ins, [o for o in outs if o[2].dtype == torch.float16]
+
+    def half_accesses(self, nodes) -> set[int]:
+        """The accesses of the fp16 column loads among ``nodes`` read with unit stride."""
+        p = self.p
+        return {x.attrs["access"] for x in nodes if x.kind == "load" and x.level == "col"
+                and x.id not in self.stored and p.fast[x.attrs["access"]] == "unit"
+                and p.input_specs[p.accesses[x.attrs["access"]].input].dtype == torch.float16}
+
+    def row_stageable(self) -> int:
+        """The row length when whole fp16 rows may be staged (a constant up to ROW_STAGE
+        columns, no column cat, no output aliasing an input), else 0."""
+        p = self.p
+        cols = sympy.Mul(*p.shape[self.outer:])
+        if not STAGE_HALF or getattr(p, "cat_bounds", None) or not cols.is_Integer \
+                or int(cols) > ROW_STAGE \
+                or any(wr.direct for wr in getattr(p, "writes", {}).values()):
+            return 0
+        return int(cols)
+
+    def stage_call(self) -> None:
+        """fp16 inputs read the same for every row (a LayerNorm weight, a bias) convert once
+        per call, before the parallel loop, into a float row all threads read."""
+        cols = self.row_stageable()
+        if not cols:
+            return
+        p = self.p
+        shared = {k for k in self.half_accesses([x for x in p.nodes if x.id in self.needed])
+                  if all(dim_mult(e)[0] is None
+                         for e in p.accesses[k].dims[:len(self.frame_rows(k))])}
+        for k in sorted(shared):
+            self.w(f"  alignas(64) float sr{k}[{cols}];")
+            self.w(f"  if (fast) pi_ld_f16_n(in{p.accesses[k].input}, sr{k}, C);")
+        self.row_staged |= shared
+
+    def stage_rows(self) -> None:
+        """Convert the fp16 row inputs of a multi-pass row kernel once per row (ROW_STAGE)."""
+        p = self.p
+        cols = self.row_stageable()
+        if not cols or not p.reduction or self.passes < 1 or not self.outer:
+            return
+        rows = self.half_accesses(
+            [x for x in p.nodes if x.id in self.needed and x.id not in self.stored]) \
+            - self.row_staged
+        self.row_staged |= rows
+        for k in sorted(rows):
+            self.w(f"    alignas(64) float sr{k}[{int(cols)}];")
+            self.w(f"    if (fast) pi_ld_f16_n(in{p.accesses[k].input} + b{k}, sr{k}, C);")
+
+    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1"), outs=()) -> None:
+        """The column loop computing ``targets`` then running ``tail(path, lane)`` lines and
+        storing the per-element outputs ``outs`` ((k, node, spec))."""
         reductions = [x for x in targets if x.kind == "reduce"]
         paths = ["fast", "generic"] if has_fast else ["generic"]
         segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
@@ -318,6 +406,20 @@ class RowEmitter:
                 c0, c1 = bounds
                 lo = c0 if s == 0 else f"std::max<int64_t>({c0}, CB{s})"
                 hi = c1 if s == segs - 1 else f"std::min<int64_t>({c1}, CB{s + 1})"
+                ins, souts = self.staging(deps, outs) if path == "fast" else ([], [])
+                if ins or souts:  # blocks of STAGE columns through float buffers
+                    self.w(f"      for (int64_t cs = {lo}; cs < {hi}; cs += {STAGE}) {{")
+                    self.w(f"      const int64_t ce = std::min<int64_t>(cs + {STAGE}, {hi});")
+                    for k in ins:
+                        a = self.p.accesses[k]
+                        off = "cs" if a.offset is None else f"(cs - co{k})"
+                        self.w(f"      alignas(64) float sa{k}[{STAGE}];")
+                        self.w(f"      pi_ld_f16_n(in{a.input} + b{k} + {off}, sa{k}, ce - cs);")
+                        self.staged[k] = f"sa{k}"
+                    for k, _, _ in souts:
+                        self.w(f"      alignas(64) float so{k}[{STAGE}];")
+                    lo, hi = "cs", "ce"
+                staged_outs = {k for k, _, _ in souts}
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
@@ -335,9 +437,17 @@ class RowEmitter:
                     self.define(x, "        ", col=True, path=path)
                 for line in tail(path, ""):
                     self.w("        " + line)
+                for k, x, spec in outs:
+                    self.w(f"        so{k}[c - cs] = {self.var(x)};" if k in staged_outs else
+                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype)};")
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
+                if ins or souts:
+                    for k in sorted(staged_outs):
+                        self.w(f"      pi_st_f16_n(so{k}, out{k} + r * C + cs, ce - cs);")
+                    self.w("      }")
+                    self.staged = {}
             self.seg = 0
             self.w("    }")
 
@@ -461,6 +571,7 @@ class RowEmitter:
     def body(self, has_fast: bool) -> None:
         p, w = self.p, self.w
         self.cache_costly_values()
+        self.stage_rows()
         self.row_nodes(0)
         for stage in range(1, self.passes + 1):
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
@@ -508,10 +619,8 @@ class RowEmitter:
             self.row_nodes(stage)
         col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         if col_outs:
-            def tail(path, lane):
-                return [f"out{k}[r * C + c] = {store(self.var(x), spec.dtype)};"
-                        for k, x, spec in col_outs]
-            self.loop(has_fast, [x for _, x, _ in col_outs], tail)
+            self.loop(has_fast, [x for _, x, _ in col_outs], lambda path, lane: [],
+                      outs=col_outs)
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
                 w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype)};")

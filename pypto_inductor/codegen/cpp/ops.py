@@ -213,12 +213,16 @@ class EmitError(RuntimeError):
 current_op: list = [None]  # the tile op whose node is being written, for EmitError
 
 
-def expression(n, var) -> str:
-    """The right-hand side computing node n (not reduce/load)."""
+def expression(n, var, rounded: bool = True) -> str:
+    """The right-hand side computing node n (not reduce/load). With ``rounded=False`` a
+    half-type value is left in float: for a value only stored, whose store rounds it the
+    same way (st_f16(x) is st_f16(rnd_f16(x))), so the loop rounds once, not twice."""
     current_op[0] = n.origin or current_op[0]
+    half = not rounded and n.dtype in (torch.float16, torch.bfloat16)
+    fin = (lambda e, dt: f"(float)({e})") if half else finalize
     if n.kind == "expr":
         args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
-        return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
+        return fin(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
     common = n.attrs["common"]
     if n.attrs["op"] not in OPS:
         raise NotEmittable(f"tile op {n.attrs['op']} ({n.origin}) has no C++ form here")
@@ -234,8 +238,13 @@ def expression(n, var) -> str:
         else:
             args.append(literal(a.value, common))
     if n.attrs["op"] == "cast":
-        args = [conv(var(n.args[0]), n.args[0].dtype, n.dtype)]
-    return finalize(OPS[n.attrs["op"]](args, n), n.dtype)
+        a = n.args[0]
+        if half:
+            return f"(float)({var(a)})"
+        e = conv(var(a), a.dtype, n.dtype)
+        # conv rounded to the dtype already (or the value has it): round once
+        return e if e != var(a) or a.dtype == n.dtype else finalize(e, n.dtype)
+    return fin(OPS[n.attrs["op"]](args, n), n.dtype)
 
 
 def identity(x) -> str:

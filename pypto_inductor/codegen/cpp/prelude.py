@@ -3,7 +3,8 @@
 Everything is branch-free and inlined so loops over columns vectorise without
 -ffast-math: exp is a Cephes-style polynomial, tanh/sigmoid/silu/gelu(tanh) are
 built on it, erf (and exact gelu) is a rational polynomial; fp16 and bf16 are converted with integer bit manipulation
-(round to nearest even, as c10 does), so loads and stores vectorise too.
+(round to nearest even, as c10 does), so loads and stores vectorise too; fp16 blocks
+convert with F16C/AVX-512 instructions where the compiler targets them.
 """
 
 PRELUDE = r"""
@@ -13,6 +14,9 @@ PRELUDE = r"""
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 #define PI_INLINE static inline __attribute__((always_inline))
 
 namespace c10 {  // what torch's CppPrinter emits for FloorDiv
@@ -65,7 +69,62 @@ PI_INLINE uint16_t st_f16(float f) {
   const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
   return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
-PI_INLINE float rnd_f16(float f) { return ld_f16(st_f16(f)); }
+// f rounded to the nearest half (as ld_f16(st_f16(f)), checked on every float) in a few
+// vectorisable ops: 10 mantissa bits to nearest even; below 2^-14 (the subnormals) a
+// multiple of 2^-24, which adding and taking 0.5 leaves; above 65504 infinity; NaN stays.
+PI_INLINE float rnd_f16(float f) {
+  const float a = std::fabs(f);
+  const uint32_t u = pi_u(a);
+  const float n = pi_f((u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u);
+  const float s = (a + 0.5f) - 0.5f;
+  float r = a < 0x1p-14f ? s : n;
+  r = r > 65504.0f ? INFINITY : r;
+  return f != f ? f : std::copysign(r, f);
+}
+
+// n consecutive halves <-> floats, for a block of a row staged before the loop over it
+// (emit_rows.RowEmitter.staging): GCC does not vectorise fp16 conversions, while one
+// vcvtph2ps / vcvtps2ph converts 16 lanes (round to nearest even, as st_f16; NaN stays
+// NaN, subnormals exact). Without F16C/AVX-512 the scalar helpers convert.
+PI_INLINE void pi_ld_f16_n(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(s + i))));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
+    return;
+  }
+#endif
+#elif defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + i))));
+#endif
+  for (; i < n; ++i) d[i] = ld_f16(s[i]);
+}
+PI_INLINE void pi_st_f16_n(const float* __restrict__ s, uint16_t* __restrict__ d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+#endif
+#elif defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i),
+                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) d[i] = st_f16(s[i]);
+}
 
 // math
 // exp as 2^n * P(r), 2^n applied as two factors so n reaches the denormals: x below
