@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 TARGETS = ("cpu", "reference")
@@ -225,3 +226,27 @@ def test_gemm_epilogue_reading_a_value_named_mm(dynamic):
         got = torch.autograd.grad(compiled(*b), b, gouts)
         for x, y in zip(got, want):
             assert_close(x, y)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_var_near_the_float_max(target, dim, dtype):
+    """Seeds 20620, 20789, 21962, 900003: var / std / var_mean of values near the float max
+    overflowed the float sum to inf; eager's CPU var accumulates in double (Welford). Rows
+    and columns (a column reduction has its own kernel), and ordinary values too."""
+    big = torch.finfo(dtype).max
+    x = torch.randn(24, 40) * 3
+    x[:6] = big * (0.5 + 0.5 * torch.rand(6, 40))  # rows of huge values
+    x[6:9] = -big * 0.99  # rows of one huge value: var 0
+    x[:, :3] = big * 0.9  # columns too
+    x[:, 3] = -big
+    x = x.to(dtype)
+    fns = [lambda x: torch.var(x, dim), lambda x: torch.std(x, dim, correction=0),
+           lambda x: torch.var_mean(x, dim), lambda x: torch.std_mean(x, dim, keepdim=True)]
+    for fn in fns:
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+    y = torch.randn(33, 70).to(dtype)
+    for fn in fns:
+        assert_close(_compile(fn, target)(y), fn(y))
+

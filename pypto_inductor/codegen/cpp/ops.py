@@ -27,6 +27,8 @@ STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "u
 
 
 def ctype(dt) -> str:
+    if dt == torch.float64:  # only a reduction's wide accumulator (var/std, var_mean's mean)
+        return "double"
     if dt is None or dt.is_floating_point:
         return "float"
     return "bool" if dt == torch.bool else "int64_t"
@@ -36,6 +38,8 @@ def finalize(e: str, dt) -> str:
     """An expression rounded to dtype ``dt`` (kept in its compute type)."""
     if dt is None or dt == torch.float32:
         return f"(float)({e})"
+    if dt == torch.float64:
+        return f"(double)({e})"
     if dt == torch.float16:
         return f"rnd_f16((float)({e}))"
     if dt == torch.bfloat16:
@@ -49,7 +53,7 @@ def finalize(e: str, dt) -> str:
 
 def conv(e: str, src, dst) -> str:
     src, dst = src or torch.float32, dst or torch.float32
-    if src == dst or (dst == torch.float32 and src.is_floating_point):
+    if src == dst or (dst == torch.float32 and src.is_floating_point and src != torch.float64):
         return e
     return finalize(e, dst)
 
@@ -216,9 +220,11 @@ current_op: list = [None]  # the tile op whose node is being written, for EmitEr
 def expression(n, var) -> str:
     """The right-hand side computing node n (not reduce/load)."""
     current_op[0] = n.origin or current_op[0]
-    if n.kind == "expr":
-        args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
-        return finalize(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
+    if n.kind == "expr":  # float math, or double math when typed float64
+        wide = n.dtype == torch.float64
+        args = [f"({'double' if wide else 'float'}){var(a)}" if hasattr(a, "id")
+                else literal(a.value, torch.float64 if wide else None) for a in n.args]
+        return finalize(n.attrs["fmt"].format(*args), n.dtype)
     common = n.attrs["common"]
     if n.attrs["op"] not in OPS:
         raise NotEmittable(f"tile op {n.attrs['op']} ({n.origin}) has no C++ form here")
