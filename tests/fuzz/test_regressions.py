@@ -250,3 +250,19 @@ def test_var_near_the_float_max(target, dim, dtype):
     for fn in fns:
         assert_close(_compile(fn, target)(y), fn(y))
 
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_of_inf_and_near_the_float_max(target):
+    """Seed 21410: gelu(exp2(max(x, 0))) of a 1-element tensor at +inf was NaN (eager's
+    oneDNN GELU, NaN at +inf, serves only more than one element), and gelu near the float
+    max overflowed (x (1 + erf) before the halving)."""
+    inf = float("inf")
+    fn = lambda x: F.gelu(torch.exp2(torch.max(x, dim=0).values))  # noqa: E731
+    for v in (inf, 3.4e38, 127.9, 3.0):
+        x = torch.tensor([v, 1.0, -2.0])
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+    x = torch.randn(64)
+    x[:8] = torch.tensor([inf, -inf, 3.3e38, -3.3e38, 1.7e38, 2e38, 0.0, -0.0])
+    for xs in (x[0], x[:1], x[:8], x):  # 0-d and 1 element: inf; more: NaN at +inf
+        assert_close(_compile(F.gelu, target)(xs), F.gelu(xs), equal_nan=True)
+

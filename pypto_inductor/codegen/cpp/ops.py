@@ -139,8 +139,14 @@ def _clamp(a, n):
 def _gelu(a, n):
     if n.attrs.get("approximate") == "tanh":
         return f"pi_gelu_tanh({a[0]})"
-    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's
-    return f"pi_gelu({a[0]}, {'false' if n.attrs['common'] == torch.float16 else 'true'})"
+    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's (inf);
+    # eager takes oneDNN only for more than one element (a 0-d or 1-element gelu is ATen's)
+    if n.attrs["common"] == torch.float16:
+        return f"pi_gelu({a[0]}, false)"
+    numel = sympy.sympify(sympy.Mul(*n.shape)) if n.shape is not None else sympy.Integer(2)
+    if numel.is_number:
+        return f"pi_gelu({a[0]}, {'true' if int(numel) > 1 else 'false'})"
+    return f"pi_gelu({a[0]}, {size(numel)} > 1)"
 
 
 def _f(fn):
