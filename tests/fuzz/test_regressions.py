@@ -266,3 +266,19 @@ def test_gelu_of_inf_and_near_the_float_max(target):
     for xs in (x[0], x[:1], x[:8], x):  # 0-d and 1 element: inf; more: NaN at +inf
         assert_close(_compile(F.gelu, target)(xs), F.gelu(xs), equal_nan=True)
 
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_sub_alpha_of_an_integer_operand(target, dtype):
+    """Seed 21482: `torch.sub(x.to(bf16), i64, alpha=0.5)`: alpha * i64 was computed in
+    int64 on cpu (truncated: -7.0 for -7.5) and in float32 on the reference target (a
+    float32 result); eager casts the operand to the result dtype first."""
+    fn = lambda a, b: torch.sub(a.to(dtype), b, alpha=0.5)  # noqa: E731
+    a, b = torch.randint(-20, 20, (32,), dtype=torch.int32), torch.randint(-9, 9, (1,))
+    for dynamic in (False, True):
+        got, want = _compile(fn, target, dynamic)(a, b), fn(a, b)
+        assert got.dtype == want.dtype
+        assert_close(got, want)
+    fn2 = lambda a, b: torch.add(a, b, alpha=3)  # noqa: E731 - float32 + int64 * 3
+    x, i = torch.randn(5, 7), torch.randint(-9, 9, (7,))
+    assert_close(_compile(fn2, target)(x, i), fn2(x, i))
