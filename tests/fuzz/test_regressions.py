@@ -282,3 +282,21 @@ def test_sub_alpha_of_an_integer_operand(target, dtype):
     fn2 = lambda a, b: torch.add(a, b, alpha=3)  # noqa: E731 - float32 + int64 * 3
     x, i = torch.randn(5, 7), torch.randint(-9, 9, (7,))
     assert_close(_compile(fn2, target)(x, i), fn2(x, i))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mean_whose_float_sum_overflows_in_our_order(target):
+    """Seed 20589: var backward (it takes x.mean) over +max, +max/3 and -max: our float sum
+    met +max + max/3 first (inf), eager's order did not; the mean now sums such rows again
+    in double, finite wherever float64's mean is."""
+    big = torch.finfo(torch.float32).max
+    x = torch.randn(7, 11)
+    x[0, 0], x[3, 5], x[6, 10] = big, big / 3, -big
+    for fn in (lambda x: x.mean(), lambda x: x.mean(0), lambda x: x.mean(-1)):
+        assert_close(_compile(fn, target)(x), x.double().mean().float() if fn(x).dim() == 0
+                     else fn(x.double()).float())
+    f = lambda x: torch.var(x, dim=(0, -1), correction=0, keepdim=True)  # noqa: E731
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    _compile(f, target, dynamic=True)(xc).sum().backward()
+    f(xe).sum().backward()
+    assert_close(xc.grad, xe.grad, rtol=1e-4, atol=0)

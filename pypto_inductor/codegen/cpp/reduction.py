@@ -138,10 +138,9 @@ class ReductionAnalysis:
             return self.round(self.reduce("sum", x, acc), out, op)
         if name in ("amax", "amin"):
             return self.round(self.reduce(name[1:], x, _compute_dtype(x.dtype)), out, op)
-        if name == "mean" and op.attrs.get("acc_dtype") == torch.float64:  # var_mean's
+        if name == "mean":  # var_mean's (acc_dtype float64) and torch.mean alike: a float
+            # sum overflowing in our order (+max + max/3 before a -max) is summed in double
             return self.round(self.wide_mean(x), out, op)
-        if name == "mean":
-            return self.round(self.expr("row", "({0} / (float)C)", self.reduce("sum", x)), out, op)
         if name in ("var", "std"):
             return self.round(self.variance(x, float(op.attrs.get("correction", 1.0)),
                                             name == "std"), out, op)
