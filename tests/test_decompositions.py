@@ -117,9 +117,7 @@ CASES = {
     "nll_loss2d_forward": (aten.nll_loss2d_forward.default, lambda: (
         F.log_softmax(_rand(2, 5, 3, 3), 1), torch.randint(0, 5, (2, 3, 3)), None, 1, -100),
         None),
-    "std_mean.correction": (aten.std_mean.correction,
-                            lambda: (_rand(5, 7), [1]), None),
-}
+}  # std_mean is not decomposed (lowered whole: decompositions._KEEP)
 
 NOT_CHECKED = {
     "aten.cudnn_batch_norm.default": "CUDA only: no CPU kernel to compare with",

@@ -23,6 +23,13 @@ def _reduce(fn):
     return run
 
 
+def _mean(x, dims, keepdim, dtype, acc_dtype=None):
+    """torch.mean; var_mean's mean (``acc_dtype``) sums in that wider dtype, as eager's."""
+    if acc_dtype is not None and x.is_floating_point():
+        return _reduce(torch.mean)(x.to(acc_dtype), dims, keepdim).to(dtype)
+    return _reduce(torch.mean)(x, dims, keepdim, dtype=dtype)
+
+
 def _var(x, dims, keepdim, correction, std=False):
     fn = torch.std if std else torch.var
     return fn(x, dim=list(dims) or None, correction=correction, keepdim=keepdim)
@@ -163,7 +170,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "copy": lambda x: x.clone(memory_format=torch.contiguous_format),
     "cast": lambda x, dtype: x.to(dtype),
     "full": _full,
-    "sum": _reduce(torch.sum), "mean": _reduce(torch.mean), "prod": _prod,
+    "sum": _reduce(torch.sum), "mean": _mean, "prod": _prod,
     "amax": lambda x, dims, keepdim: torch.amax(x, list(dims), keepdim),
     "amin": lambda x, dims, keepdim: torch.amin(x, list(dims), keepdim),
     "logsumexp": lambda x, dims, keepdim: torch.logsumexp(x, list(dims), keepdim),

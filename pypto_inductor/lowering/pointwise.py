@@ -151,7 +151,10 @@ def _scaled(ctx, x, alpha):
     if spec.dtype == torch.bool:
         if ctx.out_spec.dtype == torch.bool:  # eager takes alpha as a bool here
             return x if alpha else ctx.pointwise("mul", (x, False), out=spec)
-        spec = ctx.new_spec(spec.shape, ctx.out_spec.dtype)  # 2 * True is 2, not True
+    if spec.dtype != ctx.out_spec.dtype:
+        # scaled in the result's dtype, as eager casts the operand first: 2 * True is 2,
+        # not True; an int64 operand of a bfloat16 sub times 0.5 is not truncated
+        spec = ctx.new_spec(spec.shape, ctx.out_spec.dtype)
         x = ctx.emit("cast", OpKind.CAST, (x,), out=spec, dtype=spec.dtype)
     return ctx.pointwise("mul", (x, alpha), out=spec)
 

@@ -97,7 +97,10 @@ def lower_var(ctx, x, dims=None, unbiased=None, keepdim=False, *, correction=Non
         return _reduce(ctx, spread, x, dims, keepdim, correction=float(correction))
     out = ctx.new_spec(val[0].shape, val[0].dtype)
     var = _reduce(ctx, spread, x, dims, keepdim, out=out, correction=float(correction))
-    mean = _reduce(ctx, "mean", x, dims, keepdim, out=out, dtype=out.dtype)
+    # eager's var_mean accumulates the mean in double (Welford), torch.mean in the dtype:
+    # near the float max only the former stays finite
+    mean = _reduce(ctx, "mean", x, dims, keepdim, out=out, dtype=out.dtype,
+                   acc_dtype=torch.float64)
     return var, mean
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 TARGETS = ("cpu", "reference")
@@ -225,3 +226,77 @@ def test_gemm_epilogue_reading_a_value_named_mm(dynamic):
         got = torch.autograd.grad(compiled(*b), b, gouts)
         for x, y in zip(got, want):
             assert_close(x, y)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_var_near_the_float_max(target, dim, dtype):
+    """Seeds 20620, 20789, 21962, 900003: var / std / var_mean of values near the float max
+    overflowed the float sum to inf; eager's CPU var accumulates in double (Welford). Rows
+    and columns (a column reduction has its own kernel), and ordinary values too."""
+    big = torch.finfo(dtype).max
+    x = torch.randn(24, 40) * 3
+    x[:6] = big * (0.5 + 0.5 * torch.rand(6, 40))  # rows of huge values
+    x[6:9] = -big * 0.99  # rows of one huge value: var 0
+    x[:, :3] = big * 0.9  # columns too
+    x[:, 3] = -big
+    x = x.to(dtype)
+    fns = [lambda x: torch.var(x, dim), lambda x: torch.std(x, dim, correction=0),
+           lambda x: torch.var_mean(x, dim), lambda x: torch.std_mean(x, dim, keepdim=True)]
+    for fn in fns:
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+    y = torch.randn(33, 70).to(dtype)
+    for fn in fns:
+        assert_close(_compile(fn, target)(y), fn(y))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_of_inf_and_near_the_float_max(target):
+    """Seed 21410: gelu(exp2(max(x, 0))) of a 1-element tensor at +inf was NaN (eager's
+    oneDNN GELU, NaN at +inf, serves only more than one element), and gelu near the float
+    max overflowed (x (1 + erf) before the halving)."""
+    inf = float("inf")
+    fn = lambda x: F.gelu(torch.exp2(torch.max(x, dim=0).values))  # noqa: E731
+    for v in (inf, 3.4e38, 127.9, 3.0):
+        x = torch.tensor([v, 1.0, -2.0])
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+    x = torch.randn(64)
+    x[:8] = torch.tensor([inf, -inf, 3.3e38, -3.3e38, 1.7e38, 2e38, 0.0, -0.0])
+    for xs in (x[0], x[:1], x[:8], x):  # 0-d and 1 element: inf; more: NaN at +inf
+        assert_close(_compile(F.gelu, target)(xs), F.gelu(xs), equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_sub_alpha_of_an_integer_operand(target, dtype):
+    """Seed 21482: `torch.sub(x.to(bf16), i64, alpha=0.5)`: alpha * i64 was computed in
+    int64 on cpu (truncated: -7.0 for -7.5) and in float32 on the reference target (a
+    float32 result); eager casts the operand to the result dtype first."""
+    fn = lambda a, b: torch.sub(a.to(dtype), b, alpha=0.5)  # noqa: E731
+    a, b = torch.randint(-20, 20, (32,), dtype=torch.int32), torch.randint(-9, 9, (1,))
+    for dynamic in (False, True):
+        got, want = _compile(fn, target, dynamic)(a, b), fn(a, b)
+        assert got.dtype == want.dtype
+        assert_close(got, want)
+    fn2 = lambda a, b: torch.add(a, b, alpha=3)  # noqa: E731 - float32 + int64 * 3
+    x, i = torch.randn(5, 7), torch.randint(-9, 9, (7,))
+    assert_close(_compile(fn2, target)(x, i), fn2(x, i))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_mean_whose_float_sum_overflows_in_our_order(target):
+    """Seed 20589: var backward (it takes x.mean) over +max, +max/3 and -max: our float sum
+    met +max + max/3 first (inf), eager's order did not; the mean now sums such rows again
+    in double, finite wherever float64's mean is."""
+    big = torch.finfo(torch.float32).max
+    x = torch.randn(7, 11)
+    x[0, 0], x[3, 5], x[6, 10] = big, big / 3, -big
+    for fn in (lambda x: x.mean(), lambda x: x.mean(0), lambda x: x.mean(-1)):
+        assert_close(_compile(fn, target)(x), x.double().mean().float() if fn(x).dim() == 0
+                     else fn(x.double()).float())
+    f = lambda x: torch.var(x, dim=(0, -1), correction=0, keepdim=True)  # noqa: E731
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    _compile(f, target, dynamic=True)(xc).sum().backward()
+    f(xe).sum().backward()
+    assert_close(xc.grad, xe.grad, rtol=1e-4, atol=0)

@@ -226,7 +226,17 @@ class ColumnEmitter(RowEmitter):
         for stage in range(1, self.passes + 1):
             reds = self.reductions(stage)
             self.init(reds)
-            self.sweep(reds, [o for o in outs if self.stage[o[1].id] < stage])
+            done = [o for o in outs if self.stage[o[1].id] < stage]
+            # conditional reductions only (see emit_rows): the pass runs when a row of the
+            # block needs it
+            when = not done and all(x.attrs.get("when") for x in reds)
+            if when:
+                self.w(f"    bool run{stage} = false;")
+                self.block_loop([f"run{stage} |= {' || '.join(self.var(x.args[1]) for x in reds)};"])
+                self.w(f"    if (run{stage}) {{")
+            self.sweep(reds, done)
+            if when:
+                self.w("    }")
             outs = [o for o in outs if self.stage[o[1].id] >= stage]
             self.finish(reds, stage)
         if outs:

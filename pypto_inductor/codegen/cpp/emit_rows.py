@@ -599,6 +599,11 @@ class RowEmitter:
                         out.append(f"nan{x.id}{lane} |= ({v} != {v});")
                 return out
 
+            # a pass of conditional reductions only (var's double redo of an overflowed
+            # row, reduction.variance) runs where its row condition holds
+            when = all(x.attrs.get("when") for x in reds)
+            if when:
+                w(f"    if ({' || '.join(self.var(x.args[1]) for x in reds)}) {{")
             if wide:
                 w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {SUM_BLOCK}) {{")
                 w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {SUM_BLOCK}, c1);")
@@ -610,6 +615,8 @@ class RowEmitter:
                 w("    }")
             else:
                 self.loop(has_fast, reds, tail)
+            if when:
+                w("    }")
             self.stored |= self.storing
             for x in reds:
                 val = f"(nan{x.id} ? NAN : acc{x.id})" if x.attrs["red"] != "sum" \

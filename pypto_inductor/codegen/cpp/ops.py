@@ -27,6 +27,8 @@ STORAGE = {torch.float32: "float", torch.float16: "uint16_t", torch.bfloat16: "u
 
 
 def ctype(dt) -> str:
+    if dt == torch.float64:  # only a reduction's wide accumulator (var/std, var_mean's mean)
+        return "double"
     if dt is None or dt.is_floating_point:
         return "float"
     return "bool" if dt == torch.bool else "int64_t"
@@ -36,6 +38,8 @@ def finalize(e: str, dt) -> str:
     """An expression rounded to dtype ``dt`` (kept in its compute type)."""
     if dt is None or dt == torch.float32:
         return f"(float)({e})"
+    if dt == torch.float64:
+        return f"(double)({e})"
     if dt == torch.float16:
         return f"rnd_f16((float)({e}))"
     if dt == torch.bfloat16:
@@ -49,7 +53,7 @@ def finalize(e: str, dt) -> str:
 
 def conv(e: str, src, dst) -> str:
     src, dst = src or torch.float32, dst or torch.float32
-    if src == dst or (dst == torch.float32 and src.is_floating_point):
+    if src == dst or (dst == torch.float32 and src.is_floating_point and src != torch.float64):
         return e
     return finalize(e, dst)
 
@@ -135,8 +139,14 @@ def _clamp(a, n):
 def _gelu(a, n):
     if n.attrs.get("approximate") == "tanh":
         return f"pi_gelu_tanh({a[0]})"
-    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's
-    return f"pi_gelu({a[0]}, {'false' if n.attrs['common'] == torch.float16 else 'true'})"
+    # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's (inf);
+    # eager takes oneDNN only for more than one element (a 0-d or 1-element gelu is ATen's)
+    if n.attrs["common"] == torch.float16:
+        return f"pi_gelu({a[0]}, false)"
+    numel = sympy.sympify(sympy.Mul(*n.shape)) if n.shape is not None else sympy.Integer(2)
+    if numel.is_number:
+        return f"pi_gelu({a[0]}, {'true' if int(numel) > 1 else 'false'})"
+    return f"pi_gelu({a[0]}, {size(numel)} > 1)"
 
 
 def _f(fn):
@@ -220,9 +230,11 @@ def expression(n, var, rounded: bool = True) -> str:
     current_op[0] = n.origin or current_op[0]
     half = not rounded and n.dtype in (torch.float16, torch.bfloat16)
     fin = (lambda e, dt: f"(float)({e})") if half else finalize
-    if n.kind == "expr":
-        args = [f"(float){var(a)}" if hasattr(a, "id") else literal(a.value, None) for a in n.args]
-        return fin(n.attrs["fmt"].format(*args), n.dtype)  # float math unless typed
+    if n.kind == "expr":  # float math, or double math when typed float64
+        wide = n.dtype == torch.float64
+        args = [f"({'double' if wide else 'float'}){var(a)}" if hasattr(a, "id")
+                else literal(a.value, torch.float64 if wide else None) for a in n.args]
+        return fin(n.attrs["fmt"].format(*args), n.dtype)
     common = n.attrs["common"]
     if n.attrs["op"] not in OPS:
         raise NotEmittable(f"tile op {n.attrs['op']} ({n.origin}) has no C++ form here")

@@ -183,9 +183,11 @@ PI_INLINE float pi_erf(float x) {
 // GELU as eager computes it: x * (1 + erf(x / sqrt 2)) * 0.5 (so x above FLT_MAX / 2
 // overflows to inf and the far negative tail is -0.0). For float32 and bfloat16 eager runs
 // oneDNN's GELU on contiguous tensors, which gives NaN at +inf (`inf_nan`); float16 does not.
-PI_INLINE float pi_gelu(float x, bool inf_nan) {
-  const float g = x * (1.0f + pi_erf(x * 0.70710678118654752f)) * 0.5f;
-  return (inf_nan && x == INFINITY) ? NAN : g;
+// onednn: eager's oneDNN GELU (float32/bfloat16, more than one element): NaN at +inf, and
+// x (1 + erf) overflows before the halving near the float max; else ATen's, halved first
+PI_INLINE float pi_gelu(float x, bool onednn) {
+  const float e = 1.0f + pi_erf(x * 0.70710678118654752f);
+  return onednn ? (x == INFINITY ? NAN : x * e * 0.5f) : (x * 0.5f) * e;
 }
 // tanh GELU as eager computes it, 0.5 x (1 + tanh(inner)), where 1 + tanh(inner) is
 // 2 sigmoid(2 inner) rounded through tanh's value ((s - 1) + 1): one exp and one division,

@@ -138,17 +138,12 @@ class ReductionAnalysis:
             return self.round(self.reduce("sum", x, acc), out, op)
         if name in ("amax", "amin"):
             return self.round(self.reduce(name[1:], x, _compute_dtype(x.dtype)), out, op)
-        if name == "mean":
-            return self.round(self.expr("row", "({0} / (float)C)", self.reduce("sum", x)), out, op)
+        if name == "mean":  # var_mean's (acc_dtype float64) and torch.mean alike: a float
+            # sum overflowing in our order (+max + max/3 before a -max) is summed in double
+            return self.round(self.wide_mean(x), out, op)
         if name in ("var", "std"):
-            mean = self.expr("row", "({0} / (float)C)", self.reduce("sum", x))
-            dev = self.expr("col", "({0} - {1})", x, mean)
-            ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
-            corr = float(op.attrs.get("correction", 1.0))
-            fmt = f"({{0}} / (float)std::max<double>((double)C - {corr!r}, 0.0))"
-            v = self.expr("row", fmt, ss)
-            return self.round(self.expr("row", "std::sqrt({0})", v) if name == "std" else v,
-                              out, op)
+            return self.round(self.variance(x, float(op.attrs.get("correction", 1.0)),
+                                            name == "std"), out, op)
         if name in ("softmax", "log_softmax", "logsumexp"):
             mx = self.reduce("max", x)
             if name == "logsumexp":
@@ -163,6 +158,38 @@ class ReductionAnalysis:
             logs = self.expr("row", "std::log({0})", s)
             return self.round(self.expr("col", "({0} - {1})", shifted, logs), out, op)
         raise NotNative(f"reduction {name} is not native yet")
+
+    def variance(self, x: Node, corr: float, std: bool) -> Node:
+        """var (or std) of the row, finite wherever eager's is: eager's CPU var accumulates
+        in double (Welford), so values near the float max keep a finite mean and variance.
+        The mean and the squared deviations are summed in float, as before (vectors of
+        floats: double passes cost 25-50% on a 4096 x 4096 var), and a row whose float sum
+        overflowed (inf, or NaN) is summed again in double, in a pass only such rows run
+        (see :meth:`wide_mean`, whose sum var_mean's mean shares)."""
+        mean = self.wide_mean(x)
+        dev = self.expr("col", "({0} - {1})", x, mean)
+        ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
+        redo = self.shared("expr", "row", (ss,), torch.bool, fmt="(!std::isfinite({0}))")
+        wdev = self.wexpr("col", "({0} - {1})", x, mean)
+        # args[1]: the row condition of a pass that runs only where it holds (emit_rows)
+        wss = self.shared("reduce", "row", (self.wexpr("col", "({0} * {0})", wdev), redo),
+                          torch.float64, red="sum", when=True)
+        ss = self.wexpr("row", "({2} ? {1} : {0})", ss, wss, redo)
+        v = self.wexpr("row", f"({{0}} / std::max<double>((double)C - {corr!r}, 0.0))", ss)
+        return self.wexpr("row", "std::sqrt({0})", v) if std else v
+
+    def wexpr(self, level, fmt, *args) -> Node:
+        """Math in double (see :meth:`wide_mean`)."""
+        return self.shared("expr", level, args, torch.float64, fmt=fmt)
+
+    def wide_mean(self, x: Node) -> Node:
+        """The row's mean, in double: summed in float (blocked, as sums are), and again in
+        double where that overflowed (the float sum of two values near 3.4e38 is inf),
+        in a pass only such rows run."""
+        s = self.reduce("sum", x)
+        redo = self.shared("expr", "row", (s,), torch.bool, fmt="(!std::isfinite({0}))")
+        ws = self.shared("reduce", "row", (x, redo), torch.float64, red="sum", when=True)
+        return self.wexpr("row", "(({2} ? {1} : {0}) / (double)C)", s, ws, redo)
 
     def round(self, v: Node, dtype, op: TileOp) -> Node:
         """The value as the op's result: rounded to its dtype."""
