@@ -15,7 +15,9 @@ import inspect
 import pprint
 import re
 import time
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch._dynamo
@@ -57,6 +59,71 @@ def check_program(program: Program, target: str, dynamic: bool, refs=None, backe
         return check.check(program.case(), target, dynamic, refs, backend=backend)
     except Exception as e:  # noqa: BLE001 - the reference run itself failed: report it
         return [{"variant": 0, "kind": "crash", "message": f"{type(e).__name__}: {e}"}]
+
+
+class _FanOut:
+    """Stands in for ``pypto_inductor.backend.compile_graph`` in a shared check: each ATen
+    graph AOTAutograd hands the backend is compiled once per target, by the real
+    compile_graph with the config's target replaced, and the callable returned runs the
+    target ``current`` names (see ``check_shared``)."""
+
+    def __init__(self, targets, compile_graph):
+        self.targets, self.compile_graph = list(targets), compile_graph
+        self.current = self.targets[0]
+        self.graphs = 0  # ATen graphs compiled (for every target)
+
+    def __call__(self, gm, example_inputs, config, kind, attention=None, convs=None):
+        self.graphs += 1
+        compiled = {}
+        for i, target in enumerate(self.targets):
+            last = i == len(self.targets) - 1  # the decision lists are reported with the
+            # first graph and cleared there: every target's first graph gets them
+            compiled[target] = self.compile_graph(
+                gm, example_inputs, dataclasses.replace(config, target=target), kind,
+                attention if last or attention is None else list(attention),
+                convs if last or convs is None else list(convs))
+
+        def run(args):  # boxed, as compile_graph's callables
+            return compiled[self.current](args)
+
+        run._boxed_call = True
+        return run
+
+
+def check_shared(program: Program, targets, dynamic: bool, refs: dict) -> bool:
+    """True when ``program`` passes on every target in ``targets`` (static, or dynamic at
+    both sizes), from one torch.compile: one Dynamo trace and one AOTAutograd trace serve
+    all targets, each ATen graph is compiled once per target (``_FanOut``), and each size
+    variant is called once per target, in the order a separate compile would see (variant
+    0 on every target, then variant 1). False on any failure, anomaly or graph compiled
+    by no target: the caller then runs each target on its own compile (``check_program``),
+    whose findings are the ones reported. Why one trace can serve every target:
+    docs/fuzz.md, "Throughput"."""
+    from pypto_inductor import backend
+
+    case = program.case()
+    torch._dynamo.reset()
+    fan = _FanOut(targets, backend.compile_graph)
+    fn = check.load(case["source"])
+    compiled = torch.compile(fn, backend="pypto", dynamic=dynamic,
+                             options={"target": targets[0], "strict": True})
+    try:
+        with mock.patch.object(backend, "compile_graph", fan):
+            for v in ([0, 1] if dynamic else [0]):
+                if v not in refs:
+                    refs[v] = check.reference(case, v)
+                for target in targets:
+                    fan.current = target
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        got = check.run(compiled, check.inputs_for(case, v), case, v)
+                    if check.compare_runs(got, refs[v]):
+                        return False
+    except Exception:  # noqa: BLE001 - the separate compiles say what it is
+        return False
+    finally:
+        torch._dynamo.reset()
+    return fan.graphs > 0
 
 
 def _runs_eagerly(program: Program) -> bool:
@@ -154,8 +221,11 @@ _shrunk: collections.Counter = collections.Counter()
 
 
 def run_case(seed: int, configs=CONFIGS, shrink_budget_s: float = 0.0,
-             repro_dir: Path | None = None, shrinks_per_key: int = 3) -> CaseResult:
-    """Generate case ``seed``, run every configuration; failures get attributed, shrunk
+             repro_dir: Path | None = None, shrinks_per_key: int = 3,
+             share: bool = True) -> CaseResult:
+    """Generate case ``seed``, run every configuration (the targets of one static or
+    dynamic configuration from one trace first, ``check_shared``, unless ``share`` is
+    False; a configuration that fails there is run on its own); failures get attributed, shrunk
     (when ``shrink_budget_s`` > 0, at most ``shrinks_per_key`` times per target and
     crash message or mismatch kind in this process: a long run meets the same fault
     many times) and written to ``repro_dir``."""
@@ -163,7 +233,15 @@ def run_case(seed: int, configs=CONFIGS, shrink_budget_s: float = 0.0,
     program = generate(seed)
     refs: dict = {}
     failures = []
+    passed = set()  # configurations a shared compile passed (check_shared)
+    if share:
+        for dynamic in dict.fromkeys(d for _, d in configs):
+            targets = [t for t, d in configs if d == dynamic]
+            if len(targets) > 1 and check_shared(program, targets, dynamic, refs):
+                passed.update((t, dynamic) for t in targets)
     for target, dynamic in configs:
+        if (target, dynamic) in passed:
+            continue
         for f in check_program(program, target, dynamic, refs):
             failures.append({**f, "target": target, "dynamic": dynamic})
     by_config: dict = {}

@@ -18,7 +18,7 @@ import torch
 from . import check
 from .generator import generate
 from .program import Program, Statement
-from .runner import CONFIGS, repro_source, run_case
+from .runner import CONFIGS, check_shared, repro_source, run_case
 
 SEEDS = range(1000, 1100)
 
@@ -134,3 +134,32 @@ def test_repro_script_runs_standalone(tmp_path):
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_shared_compile_checks_every_target(dynamic, monkeypatch):
+    """check_shared compiles one trace for both targets: a fault in one target's graphs
+    only (forward or backward) must still fail it, and the fault-free backend pass."""
+    from pypto_inductor import backend
+
+    program = Program(3, _case("")["inputs"],
+                      [Statement("v0 = torch.exp(x0) * 0.5", "v0", ["x0"], "unary"),
+                       Statement("v1 = v0.sum(0)", "v1", ["v0"], "reduction")],
+                      ["v0", "v1"], True)
+    assert check_shared(program, ["cpu", "reference"], dynamic, {})
+    real = backend.compile_graph
+    for target in ("cpu", "reference"):
+        for kind in ("forward", "backward"):
+            def faulty(gm, ex, config, k, *rest, target=target, kind=kind):
+                run = real(gm, ex, config, k, *rest)
+                if config.target != target or k != kind:
+                    return run
+
+                def shifted(args):
+                    return [o + 1e-3 if isinstance(o, torch.Tensor) and o.is_floating_point()
+                            else o for o in run(args)]
+                shifted._boxed_call = True
+                return shifted
+            monkeypatch.setattr(backend, "compile_graph", faulty)
+            assert not check_shared(program, ["cpu", "reference"], dynamic, {}), (target, kind)
+    monkeypatch.setattr(backend, "compile_graph", real)
