@@ -243,6 +243,20 @@ def test_arange_indices_read_at_output_coordinates(case, dynamic):
         assert any("bitwise_and" in kinds and "where" in kinds for kinds, _, _ in tiles), tiles
 
 
+def test_returned_arange_index_is_a_fresh_tensor():
+    """x[arange, arange] returned from the graph is a copy, as eager's: writing to it
+    leaves x alone."""
+    def fn(x):
+        return x[torch.arange(x.shape[0])[:, None, None], torch.arange(x.shape[1])[None, None]]
+
+    x = torch.randn(4, 6)
+    keep = x.clone()
+    out, ref, tiles = compile_run(fn, x)
+    torch.testing.assert_close(out, ref, **FP32)
+    out.add_(1.0)
+    torch.testing.assert_close(x, keep, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_arange_overloads(dynamic):
     def fn(x):
