@@ -247,10 +247,10 @@ def test_loading_cached_libraries_lists_no_directory(tmp_path, monkeypatch):
     import os
 
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpp_build, "_swept", set())
+    monkeypatch.setattr(cpp_build, "swept", set())
     assert cpp_build.load(_SRC % 52, "pi_kernel")() == 52  # built; the first compile sweeps
     monkeypatch.setattr(cpp_build, "loaded", {})  # a new process: nothing in memory
-    monkeypatch.setattr(cpp_build, "_swept", set())
+    monkeypatch.setattr(cpp_build, "swept", set())
 
     def no_listing(*a, **k):
         raise AssertionError("the cache directory was listed")
@@ -262,7 +262,7 @@ def test_loading_cached_libraries_lists_no_directory(tmp_path, monkeypatch):
     assert cpp_build.stats["disk_hits"] == hits + 1
     # a compile with the sweep done lists nothing either, and overwrites a temporary a
     # killed build of its entry left
-    monkeypatch.setattr(cpp_build, "_swept", {str(tmp_path / "cpp")})
+    monkeypatch.setattr(cpp_build, "swept", {str(tmp_path / "cpp")})
     compiler = cpp_build.find_compiler()
     src = _SRC % 53
     key = cpp_build.cache_key(src, compiler)

@@ -265,7 +265,7 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     if not isinstance(target, torch._ops.OpOverload):
         return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
     if target is _LIFT and isinstance(node.args[0], fx.Node) \
-            and node.args[0].op == "get_attr" and not _escapes(node):
+            and node.args[0].op == "get_attr" and not escapes(node):
         # the graph only reads the lifted constant (ATen graphs here are functional):
         # read the constant itself instead of a copy of it
         return env[node.args[0]]
@@ -286,7 +286,7 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     return _extern(ctx, node, env, reason)
 
 
-def _escapes(node: fx.Node) -> bool:
+def escapes(node: fx.Node) -> bool:
     """Whether the graph returns ``node``'s value or a view of it."""
     stack = [node]
     while stack:

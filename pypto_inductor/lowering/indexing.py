@@ -140,12 +140,12 @@ def lower_index(ctx, x, indices):
                 source_dims[d] = -1 - kept.index(-1 - j)
         tensors = [tensors[j] for j in kept]
         index_dims = [index_dims[j] for j in kept]
-        from .graph import _escapes
+        from .graph import escapes
 
         out = ctx.out_spec.shape
         if not tensors and source_dims == sorted(set(source_dims)) and all(
                 out[k] == 1 for k in range(len(out)) if k not in source_dims) \
-                and not _escapes(ctx.node):
+                and not escapes(ctx.node):
             # every dim read in order, size-1 dims between: a reshape (a view on any target);
             # a returned result stays a gather, a fresh tensor as eager's
             return ctx.emit("view", OpKind.LAYOUT, (x,), shape=out)

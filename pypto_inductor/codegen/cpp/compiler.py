@@ -53,7 +53,7 @@ loaded: dict[str, ctypes.CDLL] = {}  # cache key -> library loaded in this proce
 _lock = threading.Lock()  # guards stats and loaded across load_many's threads
 compilers: dict[tuple, tuple | None] = {}  # (CXX, PATH) -> (path, version, flags) or None
 _cxx_problems: dict[tuple, str] = {}  # (CXX, PATH) -> why $CXX is not a working compiler
-_swept: set[str] = set()  # cache directories whose stale temporaries this process removed
+swept: set[str] = set()  # cache directories whose stale temporaries this process removed
 _opened: set[str] = set()  # library paths this process has dlopen'ed
 _reloads = itertools.count()
 
@@ -77,9 +77,9 @@ def _sweep_once(path: Path) -> None:
     listing a large cache costs 0.3-1.4 s, which a process that only loads cached
     libraries (a warm start) does not pay."""
     with _lock:
-        if str(path) in _swept:
+        if str(path) in swept:
             return
-        _swept.add(str(path))
+        swept.add(str(path))
     sweep_temporaries(path)
 
 
