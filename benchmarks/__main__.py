@@ -14,6 +14,7 @@ times training steps (forward + backward) of the two blocks (``training.py``).
 ``--markdown PATH`` also writes the table (with date, machine and command).
 ``python -m benchmarks zoo [--models ..] [--modes ..] [--threads ..]`` runs the
 transformers zoo instead (forward, decode step, training step: ``zoo.py``);
+``python -m benchmarks compile_time`` cold compile and warm start times per zoo model;
 ``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``).
 """
 from __future__ import annotations
@@ -174,6 +175,10 @@ def main(argv=None) -> int:
         from . import zoo
 
         return zoo.main(argv[1:])
+    if argv[:1] == ["compile_time"]:  # cold compile, warm start (benchmarks/compile_time.py)
+        from . import compile_time
+
+        return compile_time.main(argv[1:])
     if argv[:1] == ["overhead"]:  # per-call and per-kernel overhead (benchmarks/overhead.py)
         from . import overhead
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
-from torch._functorch.compile_utils import fx_graph_cse
 
 from .calibrate import hardware_model
 from .codegen import get_target
@@ -26,6 +25,7 @@ from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.attention import rewrite_attention
 from .lowering.conv import rewrite_convolutions
+from .lowering.cse import cse
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
 from .report import GraphReport, publish
@@ -141,8 +141,8 @@ def _dump(root: Path, gm: fx.GraphModule, plan) -> None:
 
 def _cse(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` with identical pure nodes merged (random ops, mutations and
-    outputs' storages kept apart by the pass); ``gm`` itself stays the eager fallback."""
-    return fx.GraphModule(gm, fx_graph_cse(gm.graph))
+    outputs' storages kept apart: lowering/cse.py); ``gm`` itself stays the eager fallback."""
+    return cse(gm)
 
 
 def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):

@@ -15,7 +15,9 @@ needs_onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and 
 
 @pytest.fixture
 def onednn_calls(monkeypatch):
-    """The OneDnnLinear forms of the tiles built while the test runs."""
+    """The OneDnnLinear forms of the tiles built while the test runs (the post-ops taken
+    at every weight size but where a test sets ONEDNN_POST_OPS_MIN_WEIGHT itself)."""
+    monkeypatch.setattr(matmul, "ONEDNN_POST_OPS_MIN_WEIGHT", 0)
     calls = []
     build = matmul.onednn_kernel
 
@@ -145,3 +147,29 @@ def test_onednn_switch_off_keeps_native_epilogue(monkeypatch, onednn_calls):
         out = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), backend="pypto")(x, w, b)
     torch.testing.assert_close(out, F.gelu(F.linear(x, w, b)))
     assert onednn_calls == []
+
+
+@needs_onednn
+@pytest.mark.parametrize("epilogue", ["gelu", "relu", "add"])
+def test_onednn_post_op_by_weight_size(epilogue, monkeypatch, onednn_calls):
+    """Below ONEDNN_POST_OPS_MIN_WEIGHT weight elements addmm + a native pass is faster
+    (BERT's 64 -> 128 FFN), from it on the oneDNN post-op (docs/benchmarks.md)."""
+    monkeypatch.setattr(matmul, "ONEDNN_POST_OPS_MIN_WEIGHT", 256 * 256)
+    g = torch.Generator().manual_seed(11)
+    forms = []
+    for k, n in ((64, 128), (256, 256)):
+        x, w, b, res = _rand(24, k, g=g), _rand(n, k, g=g) / k ** 0.5, _rand(n, g=g), \
+            _rand(24, n, g=g)
+
+        def fn(x, w, b, res):
+            y = F.linear(x, w, b)
+            return res + y if epilogue == "add" else EPILOGUES[epilogue][0](y)
+
+        torch._dynamo.reset()
+        onednn_calls.clear()
+        with torch.no_grad():
+            out = torch.compile(fn, backend="pypto", options={"roi_threshold": 0.01})(
+                x, w, b, res)
+        torch.testing.assert_close(out, fn(x, w, b, res), atol=1e-5, rtol=1e-5)
+        forms.append([c.attr for c in onednn_calls])
+    assert forms == [[], [EPILOGUES[epilogue][1] if epilogue != "add" else "add"]], forms

@@ -192,6 +192,71 @@ def test_bool_mask_index_stays_eager_with_a_reason():
 
 
 # --- arange, padding, slice_scatter ------------------------------------------------------
+# Index tensors that are (or are not) arange(0, size of the indexed dim) along one dim.
+def _padding_mask(mask):
+    """transformers' sdpa_mask: causal & padding[arange(B)[:, None, None, None],
+    arange(S)[None, None, None, :] + 0], expanded to itself, as a float mask."""
+    b, s = mask.shape
+    batch = torch.arange(b)[:, None, None, None]
+    kv = (torch.arange(s) + 0)[None, None, None, :]
+    q = torch.arange(s)[None, None, :, None]
+    full = (q >= kv) & mask.bool()[batch, kv]
+    return torch.where(full.expand(b, -1, s, s), 0.0, float("-inf"))
+
+
+ARANGE_INDEX = {
+    "padding mask": (_padding_mask, lambda: (torch.randint(0, 2, (3, 9)),)),
+    "one arange, one tensor": (
+        lambda x, i: x[torch.arange(x.shape[0])[:, None], i] * 2,
+        lambda: (torch.randn(5, 7), torch.randint(-7, 7, (5, 4)))),
+    "diagonal": (lambda x: x[torch.arange(x.shape[0]), torch.arange(x.shape[0])].exp(),
+                 lambda: (torch.randn(6, 6),)),
+    "reshaped arange, middle dim": (
+        lambda x: x[:, torch.arange(x.shape[1]).view(1, -1, 1)].tanh(),
+        lambda: (torch.randn(3, 5, 4),)),
+    # not arange(0, size of the dim): gathers as before
+    "shorter arange": (lambda x: x[torch.arange(x.shape[0] - 1)].tanh(),
+                       lambda: (torch.randn(6, 3),)),
+    "shifted arange": (lambda x: x[torch.arange(x.shape[0]) - 1].tanh(),
+                       lambda: (torch.randn(6, 3),)),
+    "stepped arange": (lambda x: x[torch.arange(0, x.shape[0], 2)].tanh(),
+                       lambda: (torch.randn(6, 3),)),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("case", list(ARANGE_INDEX))
+def test_arange_indices_read_at_output_coordinates(case, dynamic):
+    """An index that is arange(0, size of its dim) reads the source at the output
+    coordinate (no index tensor loaded; the arange is dropped when nothing else reads
+    it); other aranges stay index tensors."""
+    fn, make = ARANGE_INDEX[case]
+    torch.manual_seed(3)
+    inputs = make()
+    out, ref, tiles = compile_run(fn, *inputs, dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert all(t[1]["native"] for t in tiles), tiles
+    if case == "padding mask" and not dynamic:
+        # mask[arange, arange] is a view of the mask: no gather, no arange of the batch,
+        # the padding & causal parts and the where in one kernel
+        assert not any("gather" in kinds or kinds == ["arange"] for kinds, _, _ in tiles), tiles
+        assert any("bitwise_and" in kinds and "where" in kinds for kinds, _, _ in tiles), tiles
+
+
+def test_returned_arange_index_is_a_fresh_tensor():
+    """x[arange, arange] returned from the graph is a copy, as eager's: writing to it
+    leaves x alone."""
+    def fn(x):
+        return x[torch.arange(x.shape[0])[:, None, None], torch.arange(x.shape[1])[None, None]]
+
+    x = torch.randn(4, 6)
+    keep = x.clone()
+    out, ref, tiles = compile_run(fn, x)
+    torch.testing.assert_close(out, ref, **FP32)
+    out.add_(1.0)
+    torch.testing.assert_close(x, keep, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_arange_overloads(dynamic):
     def fn(x):

@@ -441,3 +441,33 @@ def test_random_programs_under_random_options():
                 _check_plan_invariants(g.plan, opts.get("roi_threshold"))
 
     check()
+
+
+@pytest.mark.parametrize("name", ["transformer", "llama"])
+def test_closure_search_pruned_by_topological_order_plans_the_same(name, monkeypatch):
+    """closure() stops its two searches outside the candidates' topological range: the
+    same decisions and kernels as the full searches, and the model still matches eager."""
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import planner
+    from pypto_inductor.calibrate import hardware_model
+    from pypto_inductor.report import collect
+
+    model, inputs = models.build(name)
+    torch.manual_seed(6)
+    inputs = [torch.randn_like(x) for x in inputs]
+    with torch.no_grad(), collect() as graphs:
+        out = torch.compile(model, backend="pypto")(*inputs)
+    torch.testing.assert_close(out, model(*inputs), atol=1e-5, rtol=1e-5)
+    config = parse_options({})
+    hw = hardware_model(config.hardware_name, config.capacity_bytes)
+
+    def signature(graph):
+        plan = planner.plan_fusion(graph, hw, config)
+        return ([(d.producer, d.consumer, d.fused, d.reason) for d in plan.decisions],
+                [[op.name for op in t.ops] for t in plan.tiles])
+
+    graphs = [g.plan.graph for g in graphs if g.plan is not None]
+    assert graphs
+    pruned = [signature(g) for g in graphs]
+    monkeypatch.setattr(planner.Planner, "topological", lambda self, succ, pred: None)
+    assert [signature(g) for g in graphs] == pruned

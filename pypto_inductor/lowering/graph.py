@@ -79,6 +79,9 @@ class LoweringContext:
         # 0-d constants (scalar_tensor, full(())) -> their Python value: pointwise
         # consumers take the literal, so masked_fill's -inf costs no kernel of its own
         self.scalar_constants: dict[str, bool | int | float] = {}
+        # values a lowering stopped reading (an arange index become an affine read): their
+        # tile ops, and those feeding only them, are dropped when nothing else reads them
+        self.maybe_unused: set[str] = set()
 
     def spec(self, name: str) -> TensorSpec:
         return self.graph.specs[name]
@@ -160,6 +163,7 @@ def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> Tile
                                     "which ATen graphs do not have")
 
     _drop_unused(graph, set(ctx.scalar_constants))
+    _drop_dead_chains(graph, ctx.maybe_unused)
     bindings = _bind_symbols(graph, placeholders)
     free = set()
     for spec in graph.specs.values():
@@ -211,6 +215,20 @@ def _drop_unused(graph: TileGraph, names: set[str]) -> None:
                                                   and n.name not in used)]
 
 
+def _drop_dead_chains(graph: TileGraph, names: set[str]) -> None:
+    """Remove the tile ops defining ``names`` that nothing reads, then those that only fed
+    them (pure tile ops: views, pointwise, arange), transitively."""
+    producers = {n.name: n for n in graph.nodes if isinstance(n, TileOp)}
+    while names:
+        before = len(graph.nodes)
+        _drop_unused(graph, names)
+        if len(graph.nodes) == before:
+            return
+        kept = {n.name for n in graph.nodes if isinstance(n, TileOp)}
+        dropped = [producers[m] for m in names if m in producers and m not in kept]
+        names = {a for n in dropped for a in n.inputs if a in kept}
+
+
 def _size_hints(gm: fx.GraphModule, bindings) -> dict[sympy.Symbol, int]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     hints = {}
@@ -247,7 +265,7 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     if not isinstance(target, torch._ops.OpOverload):
         return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
     if target is _LIFT and isinstance(node.args[0], fx.Node) \
-            and node.args[0].op == "get_attr" and not _escapes(node):
+            and node.args[0].op == "get_attr" and not escapes(node):
         # the graph only reads the lifted constant (ATen graphs here are functional):
         # read the constant itself instead of a copy of it
         return env[node.args[0]]
@@ -268,7 +286,7 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     return _extern(ctx, node, env, reason)
 
 
-def _escapes(node: fx.Node) -> bool:
+def escapes(node: fx.Node) -> bool:
     """Whether the graph returns ``node``'s value or a view of it."""
     stack = [node]
     while stack:

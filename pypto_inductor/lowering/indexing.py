@@ -22,7 +22,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir import OpKind, TensorSpec
+from ..ir import OpKind, TensorSpec, TileOp
 from .layout import clamp_index
 from .registry import Unsupported, register_lowering
 
@@ -122,7 +122,58 @@ def lower_index(ctx, x, indices):
     for t in tensors:
         r = len(ctx.spec(t).shape)
         index_dims.append(tuple(range(start + rank - r, start + rank)))
+    # An index that is arange(0, size of its dim) along one of its dims reads the source at
+    # that output coordinate: no index tensor to load, an affine read the kernel vectorises
+    # (transformers' padding mask is attention_mask[arange(batch)[:, None, None, None],
+    # arange(kv)[None, None, None, :]]: 120 us as a byte gather at 4 x 128 x 128).
+    kept = []
+    for j, (t, dims) in enumerate(zip(tensors, index_dims)):
+        along = _arange_dim(ctx, t, shape[positions[j]])
+        if along is None or dims[along] in source_dims:  # x[ar, ar]: one coordinate, twice
+            kept.append(j)
+        else:
+            source_dims[positions[j]] = dims[along]
+            ctx.maybe_unused.add(t)  # the arange and its views, when nothing else reads them
+    if len(kept) < len(tensors):
+        for d, j in enumerate(source_dims):
+            if j < 0:
+                source_dims[d] = -1 - kept.index(-1 - j)
+        tensors = [tensors[j] for j in kept]
+        index_dims = [index_dims[j] for j in kept]
+        from .graph import escapes
+
+        out = ctx.out_spec.shape
+        if not tensors and source_dims == sorted(set(source_dims)) and all(
+                out[k] == 1 for k in range(len(out)) if k not in source_dims) \
+                and not escapes(ctx.node):
+            # every dim read in order, size-1 dims between: a reshape (a view on any target);
+            # a returned result stays a gather, a fresh tensor as eager's
+            return ctx.emit("view", OpKind.LAYOUT, (x,), shape=out)
     return gather(ctx, x, tensors, source_dims, index_dims, True, "index")
+
+
+def _arange_dim(ctx, name: str, size) -> int | None:
+    """The dim along which the index ``name`` holds 0, 1, ..., size - 1 (size-1 dims
+    elsewhere), when its tile ops say so (``arange(0, size)`` through views that add or
+    remove size-1 dims and additions of 0); else None."""
+    shape = ctx.spec(name).shape
+    long = [q for q, s in enumerate(shape) if s != 1]
+    if len(long) != 1 or shape[long[0]] != size:
+        return None
+    producers = {n.name: n for n in reversed(ctx.graph.nodes) if isinstance(n, TileOp)}
+    node = producers.get(name)
+    while node is not None:
+        if node.op == "view" or (node.op == "add" and len(node.args) == 2
+                                 and isinstance(node.args[0], str)
+                                 and node.args[1] == 0 and not node.attrs):
+            node = producers.get(node.args[0])
+        elif node.op == "arange":
+            a = node.attrs
+            ok = a["start"] == 0 and a["step"] == 1 and a["end"] == size
+            return long[0] if ok else None
+        else:
+            return None
+    return None
 
 
 @register_lowering(aten.constant_pad_nd)

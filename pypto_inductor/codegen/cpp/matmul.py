@@ -46,6 +46,11 @@ PRODUCT = "<matmul product>"
 # oneDNN post-ops for a Linear's one-op epilogue: tile op -> (attr, algorithm); gelu by
 # its approximate attribute. False: every epilogue is a native pass (benchmarks compare).
 ONEDNN_POST_OPS = True
+# ... and only for weights of at least this many elements (K x N): below, oneDNN's post-op
+# Linear is slower than addmm + a native pass (M=512: K x N = 64x128 .. 128x128 by 0-13%,
+# BERT's FFN 64->128 + GELU 152-173 us against 88 + 43), equal at 128x512, faster above
+# (256x1024: by 8-27%). docs/benchmarks.md, "oneDNN post-ops by size".
+ONEDNN_POST_OPS_MIN_WEIGHT = 65536
 # Whether a bare GEMM (no native epilogue) is written into the graph's generated code as
 # the torch call itself (GemmCall) instead of a call of its Python wrapper; the benchmark
 # turns it off to compile the "before" form.
@@ -80,6 +85,8 @@ def onednn_post_op(mm, bias, new_ops, getters, graph: TileGraph) -> OneDnnLinear
     out = mm.out
     if out.dtype not in (torch.float32, torch.bfloat16) or len(out.shape) != 2 \
             or a.dtype != out.dtype or b.dtype != out.dtype or op.out.dtype != out.dtype:
+        return None
+    if graph.hint(b.shape[0]) * graph.hint(b.shape[1]) < ONEDNN_POST_OPS_MIN_WEIGHT:
         return None
     T = tuple(op.out.shape)  # the product's shape, or a view of it with the same rows
     if tuple(a.stride) != tuple(_contiguous(a.shape)) or not _same(b.stride[0], 1) \

@@ -1,0 +1,125 @@
+"""``python -m benchmarks compile_time``: cold compile and warm start, pypto vs Inductor.
+
+Per zoo model (the forward at 4 x 128 tokens of benchmarks/zoo.py) and backend, each in a
+fresh Python process:
+
+- ``cold``: empty cache directories (``PYPTO_INDUCTOR_CACHE_DIR``,
+  ``TORCHINDUCTOR_CACHE_DIR``): the first call's wall time, and the CPU time it used in
+  the process and the compiler processes it waited for (``cpu``).
+- ``warm``: a new process on the caches the cold run filled: the first call's wall time
+  (Dynamo's trace and the backend's work, kernels loaded from disk) and ``start``, the
+  time from the process's start to that first result (imports and model build included).
+
+Inductor runs with ``TORCHINDUCTOR_COMPILE_THREADS=1`` so its C++ compiles are children
+this process waits for (counted in ``cpu``) rather than a worker pool's. The issue-16
+targets: pypto's cold compile at most half of Inductor's, its warm start at most 1 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+DEFAULT_MODELS = "gpt2,bert,llama,distilbert"
+COLUMNS = ["model", "pypto cold s", "pypto cold cpu s", "inductor cold s",
+           "inductor cold cpu s", "pypto/inductor cold", "pypto/inductor cold cpu",
+           "pypto warm first call s", "pypto warm cpu s", "pypto warm start s",
+           "inductor warm first call s", "inductor warm cpu s", "inductor warm start s"]
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def child(name: str, backend: str, started: float) -> dict:
+    """Build ``name``, run its compiled forward once; times of that first call."""
+    import torch
+    import transformers
+
+    from pypto_inductor import zoo
+
+    from . import zoo as bench_zoo
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    model = bench_zoo.build(name)
+    kw = bench_zoo.batch(name)
+    if zoo.ZOO[name].kind != "seq2seq":  # as benchmarks/zoo.py's forward: no labels
+        kw.pop("labels", None)
+    f = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        cpu, start = _cpu_s(), time.perf_counter()
+        f(**kw)
+        first = time.perf_counter() - start
+        cpu = _cpu_s() - cpu
+    return {"first_s": first, "cpu_s": cpu, "start_s": time.time() - started}
+
+
+def _run(name: str, backend: str, caches: str) -> dict:
+    env = dict(os.environ, PYPTO_INDUCTOR_CACHE_DIR=os.path.join(caches, "pypto"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+               TORCHINDUCTOR_COMPILE_THREADS="1")
+    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name, backend,
+           repr(time.time())]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{name}/{backend} failed: {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def measure(name: str) -> dict:
+    result = {}
+    for backend in ("pypto", "inductor"):
+        caches = tempfile.mkdtemp(prefix=f"pypto_compile_time_{backend}_")
+        try:
+            result[backend, "cold"] = _run(name, backend, caches)
+            result[backend, "warm"] = _run(name, backend, caches)
+        finally:
+            shutil.rmtree(caches, ignore_errors=True)
+    return result
+
+
+def row(name: str, r: dict) -> list[str]:
+    pc, ic = r["pypto", "cold"], r["inductor", "cold"]
+    pw, iw = r["pypto", "warm"], r["inductor", "warm"]
+    return [name, f"{pc['first_s']:.1f}", f"{pc['cpu_s']:.1f}", f"{ic['first_s']:.1f}",
+            f"{ic['cpu_s']:.1f}", f"{pc['first_s'] / ic['first_s']:.2f}",
+            f"{pc['cpu_s'] / ic['cpu_s']:.2f}", f"{pw['first_s']:.2f}", f"{pw['cpu_s']:.2f}",
+            f"{pw['start_s']:.2f}", f"{iw['first_s']:.2f}", f"{iw['cpu_s']:.2f}",
+            f"{iw['start_s']:.2f}"]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(child(argv[1], argv[2], float(argv[3]))), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks compile_time")
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names")
+    parser.add_argument("--markdown", default="", help="also append the table to this file")
+    args = parser.parse_args(argv)
+    print(" | ".join(COLUMNS), flush=True)
+    rows = []
+    for name in (m for m in args.models.split(",") if m):
+        rows.append(row(name, measure(name)))
+        print(" | ".join(rows[-1]), flush=True)
+    if args.markdown:
+        from . import md_table
+
+        with open(args.markdown, "a") as f:
+            f.write(f"\n## Compile time ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
+                    + "\n".join(md_table(COLUMNS, rows)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
