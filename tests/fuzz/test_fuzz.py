@@ -18,7 +18,7 @@ import torch
 from . import check
 from .generator import generate
 from .program import Program, Statement
-from .runner import CONFIGS, check_shared, repro_source, run_case
+from .runner import CONFIGS, check_shared, failure_key, repro_source, run_case
 
 SEEDS = range(1000, 1100)
 
@@ -97,6 +97,18 @@ def test_comparison_excuses_what_an_ulp_can_flip():
     ints = torch.tensor([1, 2])
     assert check.compare(torch.tensor([1, 3]), ints, ints, ints) is not None
     assert check.compare(torch.tensor([1, 3]), ints, ints, torch.tensor([1, 3])) is None
+
+
+def test_compile_time_crashes_of_two_backends_share_a_key():
+    """Seed 33723: a crash while AOTAutograd traced is upstream when decomposed_eager
+    raises the same exception; Dynamo names the backend in the first line."""
+    def crash(backend, error):
+        return {"kind": "crash", "message": f"BackendCompilerFailed: backend='{backend}' "
+                f"raised:\n{error}\n\nWhile executing %setitem"}
+    bools = "RuntimeError: Subtraction, the `-` operator, with two bool tensors"
+    assert failure_key(crash("pypto", bools)) == failure_key(crash("decomposed_eager", bools))
+    assert (failure_key(crash("pypto", "IndexError: list index out of range"))
+            != failure_key(crash("decomposed_eager", bools)))
 
 
 def test_special_values_reach_the_inputs():
