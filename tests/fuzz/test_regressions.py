@@ -300,3 +300,24 @@ def test_mean_whose_float_sum_overflows_in_our_order(target):
     _compile(f, target, dynamic=True)(xc).sum().backward()
     f(xe).sum().backward()
     assert_close(xc.grad, xe.grad, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clamp_with_a_nan_bound(target, dtype):
+    """Seeds 33677, 34811: clamp(x, max=nan) and x.clamp_(min=nan) kept x on cpu; eager's
+    clamp gives NaN wherever a bound is NaN."""
+    nan = float("nan")
+    x = torch.randn(5, 33).to(dtype)
+    x[0, :3] = torch.tensor([nan, float("inf"), -0.0])
+    for fn in (lambda x: torch.clamp(x * 2, max=nan), lambda x: torch.clamp(x + 1, min=nan),
+               lambda x: torch.clamp(x - 1, min=nan, max=2.0),
+               lambda x: torch.clamp(x * 2, min=-1.0, max=1.0)):
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+
+    def inplace(a):
+        a.clamp_(min=nan)
+        return a * 1
+    a, b = x.clone(), x.clone()
+    assert_close(_compile(inplace, target)(a), inplace(b), equal_nan=True)
+    assert_close(a, b, equal_nan=True)

@@ -206,9 +206,11 @@ OPS["isinf"] = lambda a, n: (f"(std::fabs({a[0]}) == INFINITY)"
 # ops computed in float only (an integer compute dtype is not native): the catalogue's
 FLOAT_ONLY = float_only(OPS)
 
+# clamp's scalar bounds: a NaN in x or in the bound gives NaN, as eager's clamp (the bound
+# is a literal, so its NaN test folds away)
 EXTRA_PRELUDE = r"""
-template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
-template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return x > (T)b ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return (x < (T)b || (T)b != (T)b) ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return (x > (T)b || (T)b != (T)b) ? (T)b : x; }
 """
 
 
