@@ -321,3 +321,17 @@ def test_clamp_with_a_nan_bound(target, dtype):
     a, b = x.clone(), x.clone()
     assert_close(_compile(inplace, target)(a), inplace(b), equal_nan=True)
     assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("itype", [torch.int64, torch.int32, torch.int16])
+def test_integer_zero_of_a_float_in_minus_one_to_zero_is_positive(target, itype):
+    """Seed 34968: -1 / x.long() was +inf for x in (-1, 0) on cpu: GCC folds the float of a
+    float's integer conversion into truncf, -0.0 there; eager's integer 0 is +0.0."""
+    x = torch.randn(7, 40) * 2
+    x[0, :4] = torch.tensor([-0.5, -0.0, 0.5, -1e-30])
+    fns = (lambda x: -1 / x.to(itype), lambda x: torch.copysign(torch.ones_like(x), x.to(itype).float()),
+           lambda x: torch.signbit(x.to(itype).to(torch.float64)),
+           lambda x: -1 / x.repeat(2, 1).transpose(0, 1).contiguous().to(itype))
+    for fn in fns:
+        assert_close(_compile(fn, target)(x), fn(x))
