@@ -120,6 +120,20 @@ def test_special_values_reach_the_inputs():
     assert not same.all() and (x.isnan() == nudged.isnan()).all()
 
 
+def test_nudge_moves_the_finite_special_values_toward_zero():
+    """Seeds 33345, 32768: a sum cancelling +max against -max is decided by an ulp of the
+    max; the nudged run moves finite special values (never to inf) so it shows that."""
+    spec = _case("", special=True)["inputs"][0]
+    x = check.make_input(spec, 1, seed=5)
+    nudged = check.make_input(spec, 1, seed=5, mode="nudge")
+    big = x.abs() == torch.finfo(x.dtype).max
+    assert big.any() and torch.isfinite(nudged[big]).all()
+    assert (nudged[big].abs() < x[big].abs()).all()
+    keep = ~torch.isfinite(x) | (x == 0)
+    assert_equal = torch.testing.assert_close
+    assert_equal(nudged[keep], x[keep], equal_nan=True, atol=0, rtol=0)
+
+
 def test_inputs_do_not_depend_on_the_default_dtype():
     """The float64 run sets the default dtype to float64: its inputs must stay the same."""
     specs = [_case("", dtype=d, special=True)["inputs"][0] for d in ("f32", "b8", "i32")]
