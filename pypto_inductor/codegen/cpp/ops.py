@@ -123,7 +123,11 @@ def _pow(a, n):
             special[0.5], special[-0.5] = root, f"(1.0f / {root})"
         if scalar in special:
             return special[scalar]
-    return f"std::pow({x}, {y})"
+    half = (torch.float16, torch.bfloat16)
+    if n.dtype in half or n.attrs["common"] in half:  # eager's NaN is negative there too
+        return f"std::pow({x}, {y})"
+    ct = ctype(n.attrs["common"])
+    return f"pi_pow(({ct})({x}), ({ct})({y}))"
 
 
 def _clamp(a, n):

@@ -208,6 +208,11 @@ template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
 template <typename T> PI_INLINE T pi_sqrt(T x) { return x < 0 ? (T)NAN : std::sqrt(x); }
 template <typename T> PI_INLINE T pi_log(T x) { return x < 0 ? (T)NAN : std::log(x); }
 template <typename T> PI_INLINE T pi_log2(T x) { return x < 0 ? (T)NAN : std::log2(x); }
+// pow of a finite negative base and a finite non-integer exponent: eager's vectorized
+// float32/float64 NaN is positive (its scalar tail's negative), std::pow's negative
+template <typename T> PI_INLINE T pi_pow(T x, T y) {
+  return (x < 0 && x > -INFINITY && std::isfinite(y) && y != std::trunc(y)) ? (T)NAN : std::pow(x, y);
+}
 // sign(NaN) is 0, as eager's (0 < a) - (a < 0)
 template <typename T> PI_INLINE T pi_sign(T a) { return (T)((a > 0) - (a < 0)); }
 // float -> integer as eager converts on x86 (cvttss2si): NaN and values out of the 32- or
