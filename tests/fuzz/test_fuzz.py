@@ -88,6 +88,46 @@ def test_comparison_flags_wrong_values_and_accepts_rounding():
     assert check.compare(torch.tensor([0.0, 1.0]), nan, nan.double(), nan) is not None
 
 
+def _computing(fn):
+    """A backend whose graphs return ``fn(*inputs)`` instead."""
+    return lambda gm, example_inputs: (lambda *args: (fn(*args),))
+
+
+def test_one_rounding_fewer_than_eager_passes_a_wrong_sum_does_not():
+    """Seeds 20881, 21460, 22390: float16 ``a @ b.mT + b @ a.mT`` in one float32 accumulator
+    (our fused GEMM) skips eager's two roundings of the products. The rerounded run (eager
+    with each half matmul/arithmetic result an ulp up) sizes that; a product left out, or
+    a shift of a few term-ulps, still fails."""
+    case = _case("def fn(x0):\n    a, b = x0[:, :20], x0[:, 20:]\n"
+                 "    return (a @ b.mT + b @ a.mT,)\n", dtype="f16")
+    case["inputs"][0]["shapes"] = [[96, 40], [9, 33]]
+
+    def fused(x, drop=False, by=0.0):  # the first product rounded, the second added to it
+        a, b = x[:, :20].float(), x[:, 20:].float()  # in float32 (before: 1-5 of 9216
+        first = (a @ b.mT).half().float()  # elements failed for each of seeds 0-11)
+        return ((first + (0 if drop else b @ a.mT)) + by).half()
+    for seed in range(3):
+        case["seed"] = seed
+        assert check.check(case, backend=_computing(fused)) == []
+        assert check.check(case, backend=_computing(lambda x: fused(x, drop=True)))
+        assert check.check(case, backend=_computing(lambda x: fused(x, by=0.125)))
+
+
+def test_both_overflowing_is_no_mismatch():
+    """Seeds 34164, 34762: a gradient summing two overflowing products is NaN (inf - inf)
+    in eager and -inf compiled, where float64 is finite: both overflowed, the order
+    decides which non-finite value; a non-finite answer where eager is finite still fails."""
+    e, r = torch.tensor([float("nan"), 2.0]), torch.tensor([1e30, 2.0], dtype=torch.float64)
+    assert check.compare(torch.tensor([-float("inf"), 2.0]), e, r, e) is None
+    assert check.compare(torch.tensor([-float("inf"), -float("inf")]), e, r, e) is not None
+
+
+def test_float64_run_rounds_at_explicit_casts():
+    f = check.load("def fn(x0):\n    v0 = x0.to(f16)\n    return (v0,)\n", f64=True)
+    x = torch.tensor([0.1], dtype=torch.float64)
+    assert f(x)[0].dtype == torch.float64 and f(x)[0].item() == torch.tensor(0.1).half().item()
+
+
 def test_comparison_excuses_what_an_ulp_can_flip():
     """A floor right at an integer may land either side: the nudged run shows it."""
     e = torch.tensor([3.0, 5.0])
