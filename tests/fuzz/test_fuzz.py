@@ -113,6 +113,27 @@ def test_one_rounding_fewer_than_eager_passes_a_wrong_sum_does_not():
         assert check.check(case, backend=_computing(lambda x: fused(x, by=0.125)))
 
 
+def test_a_sum_in_another_order_passes_a_wrong_sum_does_not():
+    """Seeds 33028, 33342: a float32 column sum of 384 terms in 16 lanes (as the column
+    kernel) is farther from float64 than eager's, by far more than an ulp of the result
+    but within eps * sum(|terms|), which the rerounded run (every summand an ulp up)
+    measures. A summand left out still fails."""
+    case = _case("def fn(x0):\n    return (torch.sum(x0 - 1e-3, dim=(0,)),)\n", dtype="i64")
+    case["inputs"][0]["shapes"] = [[384, 40], [9, 33]]
+
+    def lanes(x, skip=False):  # 16 accumulators taking every 16th row, then added up
+        y = (x - 1e-3)[: -1 if skip else None]
+        acc = torch.zeros(16, x.shape[1])
+        for i in range(0, y.shape[0], 16):
+            acc[: len(y[i:i + 16])] += y[i:i + 16]
+        out = torch.zeros(x.shape[1])
+        for lane in acc:
+            out = out + lane
+        return out
+    assert check.check(case, backend=_computing(lanes)) == []
+    assert check.check(case, backend=_computing(lambda x: lanes(x, skip=True)))
+
+
 def test_both_overflowing_is_no_mismatch():
     """Seeds 34164, 34762: a gradient summing two overflowing products is NaN (inf - inf)
     in eager and -inf compiled, where float64 is finite: both overflowed, the order
