@@ -220,15 +220,17 @@ class _Coarsest(TorchDispatchMode):
 
 
 class _Reround(TorchDispatchMode):
-    """Moves each float16/bfloat16 result of a matmul, a sum or an arithmetic op one ulp
-    up (toward +inf, all alike: a sum of such results then moves by the sum of their ulps,
+    """Moves each float16/bfloat16 result of a matmul, a sum, an arithmetic op or a
+    transcendental (computed in float32 by both, rounded where eager rounds, an ulp apart
+    at a rounding tie) one ulp up (toward +inf, all alike: a sum of such results then moves by the sum of their ulps,
     where random directions could cancel): a compiled kernel that keeps such a value in
     float32 (a fused GEMM adding ``g @ x + g.T @ x`` in one accumulator) skips eager's
     rounding there, which is no error; the nudged run's spread then covers it."""
 
     OPS = {getattr(torch.ops.aten, n) for n in (
         "mm", "bmm", "addmm", "baddbmm", "mv", "dot", "add", "sub", "mul", "div", "sum",
-        "mean")}
+        "mean", "_softmax", "_log_softmax", "logsumexp", "exp", "log", "tanh", "sigmoid",
+        "sqrt", "rsqrt", "pow")}
 
     SUMS = {torch.ops.aten.sum, torch.ops.aten.mean}
 
