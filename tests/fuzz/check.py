@@ -29,7 +29,9 @@ arithmetic results an ulp up, every summand of a sum an ulp up):
    happens to land exactly.
 3. Non-finite and integer/bool elements must equal eager's, except where
    float64 (cast to the output dtype) or the nudged run side with compiled, or
-   where both are non-finite and float64 is finite (both overflowed).
+   where both are non-finite and float64 is finite (both overflowed), or where
+   compiled is an infinity of the sign of eager's finite value within a factor of
+   4 of the dtype's max (another summation order overflows).
 """
 from __future__ import annotations
 
@@ -239,8 +241,8 @@ class _Reround(TorchDispatchMode):
         "sqrt", "rsqrt", "pow")}
 
     SUMS = {torch.ops.aten.sum, torch.ops.aten.mean}
-    # float32 transcendentals: two libms' results may be an ulp apart (eager's vectorized
-    # Sleef and the prelude's polynomials alike are faithful, not correctly rounded)
+    # float32 transcendentals: two libms' results may be an ulp apart (neither eager's
+    # vectorized Sleef nor the prelude's polynomials is correctly rounded)
     LIBM = {getattr(torch.ops.aten, n) for n in (
         "_softmax", "_log_softmax", "logsumexp", "exp", "log", "tanh", "sigmoid", "pow")}
 
@@ -318,6 +320,13 @@ def compare(c: torch.Tensor, e: torch.Tensor, r: torch.Tensor, p: torch.Tensor,
         # both overflowed where float64's answer is finite: which of inf, -inf or NaN
         # (inf - inf) comes out depends on the order of the overflowing operations
         bad_class &= ~((cls_c != 0) & (cls_e != 0) & (cls_r == 0))
+        # an infinity of eager's sign where eager's finite value is within a factor of 4 of
+        # the dtype's max: a sum (a matmul's, a gradient's two products) whose terms come
+        # that close may overflow in one order and not in another (seeds 34762, 20625;
+        # float64 is no help at float64's own max)
+        near_max = e.abs() >= torch.finfo(e.dtype).max / 4
+        bad_class &= ~(((cls_c == 2) | (cls_c == 3)) & (cls_e == 0) & near_max
+                       & (torch.sign(c) == torch.sign(e)))
         both = (cls_c == 0) & (cls_e == 0)
         cd, ed, rd, pd = (t.double() for t in (c, e, r, p))
         # one rounding of the result, at most, in the coarsest dtype its value went through

@@ -136,9 +136,9 @@ def test_a_sum_in_another_order_passes_a_wrong_sum_does_not():
 
 def test_libm_ulp_passes_32_ulps_do_not():
     """Seeds 34130, 34821: float32 log_softmax/logsumexp an ulp or two from eager's (two
-    faithful libms), amplified by a cancelling add or tan near its pole. The rerounded
-    run moves float32 transcendental results an ulp; 32 ulps on exp (rule 1 takes 11)
-    still fail."""
+    libms, neither correctly rounded), amplified by a cancelling add or tan near its
+    pole. The rerounded run moves float32 transcendental results an ulp; 32 ulps on exp
+    (rule 1 takes 11) still fail."""
     case = _case("def fn(x0):\n    return (torch.exp(x0) * 0.5,)\n")
     assert check.check(case, backend=_computing(lambda x: torch.exp(x.double()).float() * 0.5)) == []
     assert check.check(case, backend=_computing(lambda x: torch.exp(x) * (1 + 2 ** -18) * 0.5))
@@ -147,10 +147,17 @@ def test_libm_ulp_passes_32_ulps_do_not():
 def test_both_overflowing_is_no_mismatch():
     """Seeds 34164, 34762: a gradient summing two overflowing products is NaN (inf - inf)
     in eager and -inf compiled, where float64 is finite: both overflowed, the order
-    decides which non-finite value; a non-finite answer where eager is finite still fails."""
+    decides which non-finite value; a non-finite answer where eager is finite still fails
+    unless eager's value is within a factor 4 of the max and of the infinity's sign."""
     e, r = torch.tensor([float("nan"), 2.0]), torch.tensor([1e30, 2.0], dtype=torch.float64)
     assert check.compare(torch.tensor([-float("inf"), 2.0]), e, r, e) is None
     assert check.compare(torch.tensor([-float("inf"), -float("inf")]), e, r, e) is not None
+    # seeds 34762, 20625: eager finite within a factor 4 of the max, compiled overflowed
+    big = torch.finfo(torch.float32).max
+    e, r = torch.tensor([-big / 2, big / 8]), torch.tensor([-big / 2, big / 8], dtype=torch.float64)
+    assert check.compare(torch.tensor([-float("inf"), big / 8]), e, r, e) is None
+    assert check.compare(torch.tensor([float("inf"), big / 8]), e, r, e) is not None
+    assert check.compare(torch.tensor([-big / 2, float("inf")]), e, r, e) is not None
 
 
 def test_float64_run_rounds_at_explicit_casts():
