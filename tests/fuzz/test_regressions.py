@@ -341,3 +341,27 @@ def test_integer_zero_of_a_float_in_minus_one_to_zero_is_positive(target, itype)
            lambda x: -1 / x.repeat(2, 1).transpose(0, 1).contiguous().to(itype))
     for fn in fns:
         assert_close(_compile(fn, target)(x), fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_view_of_an_input_written_by_copy_(target, dynamic):
+    """Seed 33764: x.copy_(y) into a strided input, then x.expand(-1, n, -1) returned with
+    n a size: under dynamic shapes AOTAutograd regenerates that alias of x as
+    x.as_strided(the graph's output sizes and strides), and our copy was contiguous
+    where eager's keeps x's strides: compiled read the gaps between x's elements."""
+    def fn(x, y):
+        v = x * 3
+        x.copy_(y)
+        return x.expand(-1, v.shape[0], -1)
+
+    def strided(t):
+        buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        buf[..., ::2] = t
+        return buf[..., ::2]
+    compiled = _compile(fn, target, dynamic)
+    for n, m in ((12, 9), (17, 33)):
+        x, y = strided(torch.randn(n, 1, m).to(torch.bfloat16)), torch.randn(1, m).to(torch.bfloat16)
+        xc, xe = strided(x.clone()), strided(x.clone())
+        assert_close(compiled(xc, y), fn(xe, y))
+        assert_close(xc, xe)
