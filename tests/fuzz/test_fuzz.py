@@ -161,6 +161,9 @@ def test_both_overflowing_is_no_mismatch():
     e, r = torch.tensor([float("inf")] * 2), torch.tensor([big * 1.1, big * 5], dtype=torch.float64)
     assert check.compare(torch.tensor([float("nan"), float("inf")]), e, r, e) is None
     assert check.compare(torch.tensor([float("inf"), float("nan")]), e, r, e) is not None
+    e = torch.tensor([float("inf"), float("inf")])
+    assert check.compare(torch.tensor([big / 2, float("inf")]), e, r, e) is None
+    assert check.compare(torch.tensor([big / 8, float("inf")]), e, r, e) is not None
 
 
 def test_float64_run_rounds_at_explicit_casts():
