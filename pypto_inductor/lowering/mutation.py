@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from ..ir import OpKind, TensorSpec
+from ..sizes import contiguous_strides
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -53,6 +54,13 @@ def lower_copy_(ctx, dst, src, non_blocking=False):
 def lower_copy(ctx, x, src, non_blocking=False):
     """copy(x, src): src broadcast to x's shape and cast to its dtype, a new tensor."""
     out = ctx.out_spec
+    from .graph import _escapes  # graph imports the lowerings
+    if _escapes(ctx.node) and tuple(out.stride) != tuple(contiguous_strides(out.shape)):
+        # eager's copy keeps x's strides; a returned view of it (x.copy_(y); return
+        # x.expand(...)) is an alias of the input x, which AOTAutograd regenerates as
+        # x.as_strided(<this result's sizes and strides>) when it cannot replay the
+        # view (a symbolic size): a contiguous result would read past x's elements
+        raise Unsupported("copy of a strided tensor returned as a view: eager's layout")
     src = ctx.scalar_constants.get(src, src) if isinstance(src, str) else src
     if not isinstance(src, str):
         return ctx.emit("full", OpKind.ELEMENTWISE, (), value=src, dtype=out.dtype)

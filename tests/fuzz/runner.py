@@ -139,10 +139,17 @@ def _runs_eagerly(program: Program) -> bool:
 
 def failure_key(f: dict) -> str:
     """What two failures share when they are likely the same fault: the kind, and for a
-    crash the exception's first line with numbers blanked."""
+    crash the exception's first line with numbers and the backend's name blanked. Dynamo
+    wraps a compile-time exception as "BackendCompilerFailed: backend='<name>' raised:"
+    with the exception on the next line; that line is the key (with the backend's name in
+    it, no crash while compiling could match ``decomposed_eager``'s and be upstream)."""
     if f["kind"] != "crash":
         return f["kind"]
-    return "crash: " + re.sub(r"\d+", "N", f["message"].splitlines()[0])[:120]
+    lines = f["message"].splitlines() or [""]
+    first = re.sub(r"backend='[^']*'", "backend=B", lines[0])
+    if first.startswith("BackendCompilerFailed") and len(lines) > 1:
+        first += " " + lines[1]
+    return "crash: " + re.sub(r"\d+", "N", first)[:200]
 
 
 def _fails(program: Program, target: str, dynamic: bool, key: str) -> bool:

@@ -18,7 +18,7 @@ import torch
 from . import check
 from .generator import generate
 from .program import Program, Statement
-from .runner import CONFIGS, check_shared, repro_source, run_case
+from .runner import CONFIGS, check_shared, failure_key, repro_source, run_case
 
 SEEDS = range(1000, 1100)
 
@@ -88,6 +88,90 @@ def test_comparison_flags_wrong_values_and_accepts_rounding():
     assert check.compare(torch.tensor([0.0, 1.0]), nan, nan.double(), nan) is not None
 
 
+def _computing(fn):
+    """A backend whose graphs return ``fn(*inputs)`` instead."""
+    return lambda gm, example_inputs: (lambda *args: (fn(*args),))
+
+
+def test_one_rounding_fewer_than_eager_passes_a_wrong_sum_does_not():
+    """Seeds 20881, 21460, 22390: float16 ``a @ b.mT + b @ a.mT`` in one float32 accumulator
+    (our fused GEMM) skips eager's two roundings of the products. The rerounded run (eager
+    with each half matmul/arithmetic result an ulp up) sizes that; a product left out, or
+    a shift of a few term-ulps, still fails."""
+    case = _case("def fn(x0):\n    a, b = x0[:, :20], x0[:, 20:]\n"
+                 "    return (a @ b.mT + b @ a.mT,)\n", dtype="f16")
+    case["inputs"][0]["shapes"] = [[96, 40], [9, 33]]
+
+    def fused(x, drop=False, by=0.0):  # the first product rounded, the second added to it
+        a, b = x[:, :20].float(), x[:, 20:].float()  # in float32 (before: 1-5 of 9216
+        first = (a @ b.mT).half().float()  # elements failed for each of seeds 0-11)
+        return ((first + (0 if drop else b @ a.mT)) + by).half()
+    for seed in range(3):
+        case["seed"] = seed
+        assert check.check(case, backend=_computing(fused)) == []
+        assert check.check(case, backend=_computing(lambda x: fused(x, drop=True)))
+        assert check.check(case, backend=_computing(lambda x: fused(x, by=0.125)))
+
+
+def test_a_sum_in_another_order_passes_a_wrong_sum_does_not():
+    """Seeds 33028, 33342: a float32 column sum of 384 terms in 16 lanes (as the column
+    kernel) is farther from float64 than eager's, by far more than an ulp of the result
+    but within eps * sum(|terms|), which the rerounded run (every summand an ulp up)
+    measures. A summand left out still fails."""
+    case = _case("def fn(x0):\n    return (torch.sum(x0 - 1e-3, dim=(0,)),)\n", dtype="i64")
+    case["inputs"][0]["shapes"] = [[384, 40], [9, 33]]
+
+    def lanes(x, skip=False):  # 16 accumulators taking every 16th row, then added up
+        y = (x - 1e-3)[: -1 if skip else None]
+        acc = torch.zeros(16, x.shape[1])
+        for i in range(0, y.shape[0], 16):
+            acc[: len(y[i:i + 16])] += y[i:i + 16]
+        out = torch.zeros(x.shape[1])
+        for lane in acc:
+            out = out + lane
+        return out
+    assert check.check(case, backend=_computing(lanes)) == []
+    assert check.check(case, backend=_computing(lambda x: lanes(x, skip=True)))
+
+
+def test_libm_ulp_passes_32_ulps_do_not():
+    """Seeds 34130, 34821: float32 log_softmax/logsumexp an ulp or two from eager's (two
+    libms, neither correctly rounded), amplified by a cancelling add or tan near its
+    pole. The rerounded run moves float32 transcendental results an ulp; 32 ulps on exp
+    (rule 1 takes 11) still fail."""
+    case = _case("def fn(x0):\n    return (torch.exp(x0) * 0.5,)\n")
+    assert check.check(case, backend=_computing(lambda x: torch.exp(x.double()).float() * 0.5)) == []
+    assert check.check(case, backend=_computing(lambda x: torch.exp(x) * (1 + 2 ** -18) * 0.5))
+
+
+def test_both_overflowing_is_no_mismatch():
+    """Seeds 34164, 34762: a gradient summing two overflowing products is NaN (inf - inf)
+    in eager and -inf compiled, where float64 is finite: both overflowed, the order
+    decides which non-finite value; a non-finite answer where eager is finite still fails
+    unless eager's value is within a factor 4 of the max and of the infinity's sign."""
+    e, r = torch.tensor([float("nan"), 2.0]), torch.tensor([1e30, 2.0], dtype=torch.float64)
+    assert check.compare(torch.tensor([-float("inf"), 2.0]), e, r, e) is None
+    assert check.compare(torch.tensor([-float("inf"), -float("inf")]), e, r, e) is not None
+    # seeds 34762, 20625: eager finite within a factor 4 of the max, compiled overflowed
+    big = torch.finfo(torch.float32).max
+    e, r = torch.tensor([-big / 2, big / 8]), torch.tensor([-big / 2, big / 8], dtype=torch.float64)
+    assert check.compare(torch.tensor([-float("inf"), big / 8]), e, r, e) is None
+    assert check.compare(torch.tensor([float("inf"), big / 8]), e, r, e) is not None
+    assert check.compare(torch.tensor([-big / 2, float("inf")]), e, r, e) is not None
+    e, r = torch.tensor([float("inf")] * 2), torch.tensor([big * 1.1, big * 5], dtype=torch.float64)
+    assert check.compare(torch.tensor([float("nan"), float("inf")]), e, r, e) is None
+    assert check.compare(torch.tensor([float("inf"), float("nan")]), e, r, e) is not None
+    e = torch.tensor([float("inf"), float("inf")])
+    assert check.compare(torch.tensor([big / 2, float("inf")]), e, r, e) is None
+    assert check.compare(torch.tensor([big / 8, float("inf")]), e, r, e) is not None
+
+
+def test_float64_run_rounds_at_explicit_casts():
+    f = check.load("def fn(x0):\n    v0 = x0.to(f16)\n    return (v0,)\n", f64=True)
+    x = torch.tensor([0.1], dtype=torch.float64)
+    assert f(x)[0].dtype == torch.float64 and f(x)[0].item() == torch.tensor(0.1).half().item()
+
+
 def test_comparison_excuses_what_an_ulp_can_flip():
     """A floor right at an integer may land either side: the nudged run shows it."""
     e = torch.tensor([3.0, 5.0])
@@ -99,6 +183,18 @@ def test_comparison_excuses_what_an_ulp_can_flip():
     assert check.compare(torch.tensor([1, 3]), ints, ints, torch.tensor([1, 3])) is None
 
 
+def test_compile_time_crashes_of_two_backends_share_a_key():
+    """Seed 33723: a crash while AOTAutograd traced is upstream when decomposed_eager
+    raises the same exception; Dynamo names the backend in the first line."""
+    def crash(backend, error):
+        return {"kind": "crash", "message": f"BackendCompilerFailed: backend='{backend}' "
+                f"raised:\n{error}\n\nWhile executing %setitem"}
+    bools = "RuntimeError: Subtraction, the `-` operator, with two bool tensors"
+    assert failure_key(crash("pypto", bools)) == failure_key(crash("decomposed_eager", bools))
+    assert (failure_key(crash("pypto", "IndexError: list index out of range"))
+            != failure_key(crash("decomposed_eager", bools)))
+
+
 def test_special_values_reach_the_inputs():
     spec = _case("", special=True)["inputs"][0]
     x = check.make_input(spec, 0, seed=11)
@@ -106,6 +202,20 @@ def test_special_values_reach_the_inputs():
     nudged = check.make_input(spec, 0, seed=11, mode="nudge")
     same = x.isnan() | (x == nudged)
     assert not same.all() and (x.isnan() == nudged.isnan()).all()
+
+
+def test_nudge_moves_the_finite_special_values_toward_zero():
+    """Seeds 33345, 32768: a sum cancelling +max against -max is decided by an ulp of the
+    max; the nudged run moves finite special values (never to inf) so it shows that."""
+    spec = _case("", special=True)["inputs"][0]
+    x = check.make_input(spec, 1, seed=5)
+    nudged = check.make_input(spec, 1, seed=5, mode="nudge")
+    big = x.abs() == torch.finfo(x.dtype).max
+    assert big.any() and torch.isfinite(nudged[big]).all()
+    assert (nudged[big].abs() < x[big].abs()).all()
+    keep = ~torch.isfinite(x) | (x == 0)
+    assert_equal = torch.testing.assert_close
+    assert_equal(nudged[keep], x[keep], equal_nan=True, atol=0, rtol=0)
 
 
 def test_inputs_do_not_depend_on_the_default_dtype():

@@ -166,21 +166,27 @@ def test_half_linear_with_bias_rounds_once(target, dtype):
 
 # bfloat16 is left out: the native store of a bfloat16 NaN makes it positive, eager keeps
 # the sign (open, docs/fuzz.md); float16's x ** 0.5 NaN sign varies by position in eager
-@pytest.mark.parametrize("op,dtype", [(op, dt) for op in ("sqrt", "log", "log2", "pow_half")
+@pytest.mark.parametrize("op,dtype", [(op, dt) for op in ("sqrt", "log", "log2", "pow_half",
+                                                           "pow_tensor")
                                       for dt in (torch.float32, torch.float64, torch.float16)
-                                      if (op, dt) != ("pow_half", torch.float16)])
+                                      if op[:3] != "pow" or dt != torch.float16])
 def test_nan_of_a_negative_input_keeps_eagers_sign(op, dtype):
     """Seed 20284: copysign(y, cat([sqrt(x1), x3])) took the opposite sign where x1 < 0. The
     vectorized libm's sqrt/log of a negative number is a negative NaN, eager's a positive
     one (float16/bfloat16: negative in eager too); copysign and signbit read that sign.
-    NaN inputs keep their own sign."""
+    NaN inputs keep their own sign. Seed 33974: pow(x, y) of a negative x and a non-integer
+    y, the same (eager's scalar tail of a row gives a negative one: sizes are multiples of
+    the vector width here)."""
     fns = {"sqrt": torch.sqrt, "log": torch.log, "log2": torch.log2,
-           "pow_half": lambda x: x ** 0.5}
+           "pow_half": lambda x: x ** 0.5,
+           "pow_tensor": lambda x: torch.pow(x, torch.linspace(-2.5, 2.5, x.shape[-1]).to(x.dtype))}
     f = fns[op]
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(64, 33, generator=g).to(dtype)
+    x = torch.randn(64, 32, generator=g).to(dtype)
     x[0, :4] = torch.tensor([float("nan"), -float("nan"), -0.0, -float("inf")]).to(dtype)
-    y = torch.rand(64, 66, generator=g).to(dtype) + 1.0
+    if op == "pow_tensor":  # the sign of pow's NaN of a NaN input differs by element
+        x[0, :2] = -3.0  # position in eager too
+    y = torch.rand(64, 64, generator=g).to(dtype) + 1.0
     fn = lambda x, y: torch.copysign(y, torch.cat([f(x), x], 1))  # noqa: E731
     got, want = _compile(fn, "cpu")(x, y), fn(x, y)
     assert_close(got, want, rtol=0, atol=0, equal_nan=True)
@@ -300,3 +306,62 @@ def test_mean_whose_float_sum_overflows_in_our_order(target):
     _compile(f, target, dynamic=True)(xc).sum().backward()
     f(xe).sum().backward()
     assert_close(xc.grad, xe.grad, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clamp_with_a_nan_bound(target, dtype):
+    """Seeds 33677, 34811: clamp(x, max=nan) and x.clamp_(min=nan) kept x on cpu; eager's
+    clamp gives NaN wherever a bound is NaN."""
+    nan = float("nan")
+    x = torch.randn(5, 33).to(dtype)
+    x[0, :3] = torch.tensor([nan, float("inf"), -0.0])
+    for fn in (lambda x: torch.clamp(x * 2, max=nan), lambda x: torch.clamp(x + 1, min=nan),
+               lambda x: torch.clamp(x - 1, min=nan, max=2.0),
+               lambda x: torch.clamp(x * 2, min=-1.0, max=1.0)):
+        assert_close(_compile(fn, target)(x), fn(x), equal_nan=True)
+
+    def inplace(a):
+        a.clamp_(min=nan)
+        return a * 1
+    a, b = x.clone(), x.clone()
+    assert_close(_compile(inplace, target)(a), inplace(b), equal_nan=True)
+    assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("itype", [torch.int64, torch.int32, torch.int16])
+def test_integer_zero_of_a_float_in_minus_one_to_zero_is_positive(target, itype):
+    """Seed 34968: -1 / x.long() was +inf for x in (-1, 0) on cpu: GCC folds the float of a
+    float's integer conversion into truncf, -0.0 there; eager's integer 0 is +0.0."""
+    x = torch.randn(7, 40) * 2
+    x[0, :4] = torch.tensor([-0.5, -0.0, 0.5, -1e-30])
+    fns = (lambda x: -1 / x.to(itype), lambda x: torch.copysign(torch.ones_like(x), x.to(itype).float()),
+           lambda x: torch.signbit(x.to(itype).to(torch.float64)),
+           lambda x: -1 / x.repeat(2, 1).transpose(0, 1).contiguous().to(itype))
+    for fn in fns:
+        assert_close(_compile(fn, target)(x), fn(x))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_view_of_an_input_written_by_copy_(target, dynamic):
+    """Seed 33764: x.copy_(y) into a strided input, then x.expand(-1, n, -1) returned with
+    n a size: under dynamic shapes AOTAutograd regenerates that alias of x as
+    x.as_strided(the graph's output sizes and strides), and our copy was contiguous
+    where eager's keeps x's strides: compiled read the gaps between x's elements."""
+    def fn(x, y):
+        v = x * 3
+        x.copy_(y)
+        return x.expand(-1, v.shape[0], -1)
+
+    def strided(t):
+        buf = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        buf[..., ::2] = t
+        return buf[..., ::2]
+    compiled = _compile(fn, target, dynamic)
+    for n, m in ((12, 9), (17, 33)):
+        x, y = strided(torch.randn(n, 1, m).to(torch.bfloat16)), torch.randn(1, m).to(torch.bfloat16)
+        xc, xe = strided(x.clone()), strided(x.clone())
+        assert_close(compiled(xc, y), fn(xe, y))
+        assert_close(xc, xe)

@@ -123,7 +123,11 @@ def _pow(a, n):
             special[0.5], special[-0.5] = root, f"(1.0f / {root})"
         if scalar in special:
             return special[scalar]
-    return f"std::pow({x}, {y})"
+    half = (torch.float16, torch.bfloat16)
+    if n.dtype in half or n.attrs["common"] in half:  # eager's NaN is negative there too
+        return f"std::pow({x}, {y})"
+    ct = ctype(n.attrs["common"])
+    return f"pi_pow(({ct})({x}), ({ct})({y}))"
 
 
 def _clamp(a, n):
@@ -206,9 +210,11 @@ OPS["isinf"] = lambda a, n: (f"(std::fabs({a[0]}) == INFINITY)"
 # ops computed in float only (an integer compute dtype is not native): the catalogue's
 FLOAT_ONLY = float_only(OPS)
 
+# clamp's scalar bounds: a NaN in x or in the bound gives NaN, as eager's clamp (the bound
+# is a literal, so its NaN test folds away)
 EXTRA_PRELUDE = r"""
-template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return x < (T)b ? (T)b : x; }
-template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return x > (T)b ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return (x < (T)b || (T)b != (T)b) ? (T)b : x; }
+template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return (x > (T)b || (T)b != (T)b) ? (T)b : x; }
 """
 
 

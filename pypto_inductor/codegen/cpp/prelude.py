@@ -208,20 +208,28 @@ template <typename T> PI_INLINE T pi_abs(T a) { return a < 0 ? -a : a; }
 template <typename T> PI_INLINE T pi_sqrt(T x) { return x < 0 ? (T)NAN : std::sqrt(x); }
 template <typename T> PI_INLINE T pi_log(T x) { return x < 0 ? (T)NAN : std::log(x); }
 template <typename T> PI_INLINE T pi_log2(T x) { return x < 0 ? (T)NAN : std::log2(x); }
+// pow of a finite negative base and a finite non-integer exponent: eager's vectorized
+// float32/float64 NaN is positive (its scalar tail's negative), std::pow's negative
+template <typename T> PI_INLINE T pi_pow(T x, T y) {
+  return (x < 0 && x > -INFINITY && std::isfinite(y) && y != std::trunc(y)) ? (T)NAN : std::pow(x, y);
+}
 // sign(NaN) is 0, as eager's (0 < a) - (a < 0)
 template <typename T> PI_INLINE T pi_sign(T a) { return (T)((a > 0) - (a < 0)); }
 // float -> integer as eager converts on x86 (cvttss2si): NaN and values out of the 32- or
 // 64-bit range give that range's minimum; narrower integers wrap from the 32-bit result.
-// A plain C++ cast is undefined there, and GCC folds (float)(int)x into truncf(x).
+// A plain C++ cast is undefined there. GCC (-fno-trapping-math) also folds (float)(int)x
+// into truncf(x), which is -0.0 for x in (-1, 0) where the integer 0 converts to +0.0
+// (-1 / x.long() gave +inf, eager -inf), and it drops a "+ 0.0f" after the conversion as
+// a no-op: those x give the integer 0 explicitly, so a folded trunc never meets them.
 template <typename T> PI_INLINE int64_t pi_i64(T x) {
   if constexpr (std::is_floating_point<T>::value)
-    return (x >= -0x1p63f && x < 0x1p63f) ? (int64_t)x : INT64_MIN;
+    return (x >= -0x1p63f && x < 0x1p63f) ? (std::fabs(x) < 1 ? 0 : (int64_t)x) : INT64_MIN;
   else
     return (int64_t)x;
 }
 template <typename T> PI_INLINE int32_t pi_i32(T x) {
   if constexpr (std::is_floating_point<T>::value)
-    return (x >= -0x1p31f && x < 0x1p31f) ? (int32_t)x : INT32_MIN;
+    return (x >= -0x1p31f && x < 0x1p31f) ? (std::fabs(x) < 1 ? 0 : (int32_t)x) : INT32_MIN;
   else
     return (int32_t)x;
 }
