@@ -34,6 +34,9 @@ extern "C" void t_rnd_bf16(const float* s, float* d, int64_t n) {
 extern "C" void t_exp(const float* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = pi_exp(s[i]);
 }
+extern "C" void t_exp_d(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = pi_exp_d(s[i]);
+}
 extern "C" int t_isa() {  // which block conversion this build uses
 #if defined(__AVX512F__)
   return 2;
@@ -61,7 +64,7 @@ def _lib(isa):
     flags = ISAS[isa]
     if flags and "-march=native" not in cpp_build.find_compiler()[2]:
         pytest.skip("the compiler does not take -march=native: only the scalar path exists")
-    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_rnd_bf16", "t_exp", "t_isa"), flags)
+    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_rnd_bf16", "t_exp", "t_exp_d", "t_isa"), flags)
 
 
 def _ptr(t):
@@ -125,8 +128,9 @@ def test_block_conversions_match_eager(isa):
 
 def test_rnd_bf16_and_exp_special_values():
     """The in-loop bf16 rounding against eager's (ties between bfloat16s to even, the
-    float max rounding to inf, subnormals, a NaN stays NaN), and pi_exp's bit-mask
-    selects: NaN, +-inf, the underflow (< -104: 0) and overflow (> 88.72: inf) edges."""
+    float max rounding to inf, subnormals, a NaN stays NaN), and pi_exp with its selects
+    (pi_exp_d: as bit masks, silu's and sigmoid's): NaN, +-inf, the underflow (< -104: 0)
+    and overflow (> 88.72: inf) edges, the same bits from both."""
     lib = _lib("native")
     b = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     fin = b[b.float().isfinite()].float().unique().double()
@@ -140,14 +144,16 @@ def test_rnd_bf16_and_exp_special_values():
 
     e = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.7229, 89.0,
                       1e30, -104.00001, -105.0, -1e30])
-    out = torch.empty_like(e)
-    _call(lib.t_exp, e, out, e.numel())
-    want = [float("nan"), float("inf"), 0.0, 1.0, 1.0] + [float("inf")] * 3 + [0.0] * 3
-    torch.testing.assert_close(out, torch.tensor(want), rtol=0, atol=0, equal_nan=True)
-    e = torch.cat([torch.linspace(-87.3, 88.7, 20001), torch.linspace(-104, -87.3, 2001)])
-    out = torch.empty_like(e)
-    _call(lib.t_exp, e, out, e.numel())
-    torch.testing.assert_close(out, e.exp(), rtol=1e-6, atol=1e-44)
+    want = torch.tensor([float("nan"), float("inf"), 0.0, 1.0, 1.0] + [float("inf")] * 3
+                        + [0.0] * 3)
+    e2 = torch.cat([torch.linspace(-87.3, 88.7, 20001), torch.linspace(-104, -87.3, 2001)])
+    for fn in (lib.t_exp, lib.t_exp_d):
+        out = torch.empty_like(e)
+        _call(fn, e, out, e.numel())
+        torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+        out = torch.empty_like(e2)
+        _call(fn, e2, out, e2.numel())
+        torch.testing.assert_close(out, e2.exp(), rtol=1e-6, atol=1e-44)
 
 
 @pytest.mark.parametrize("isa", ["native", "scalar"])
