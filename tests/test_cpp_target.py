@@ -278,6 +278,30 @@ def test_row_sums_in_lanes_at_every_remainder(dtype, built, tol):
     assert any("const int64_t cq =" in src for src in sources)  # the lanes ran
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_first_row_pass_streams_with_one_accumulator(dtype, built, tol):
+    """The first pass over a long row (1024+ columns) reads it from memory with one
+    accumulator (the four-part split reads four streams, which the prefetcher follows
+    badly); a later pass over the row, from L1, keeps the parts. LayerNorm (mean, then
+    variance) and RMSNorm (sum of squares) at row lengths with and without a remainder."""
+    def fn(x, w, b):
+        ln = F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+        rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+               ).to(x.dtype) * w
+        return ln, rms
+    for cols in (1024, 1031):
+        check(fn, rand(6, cols, dtype=dtype) * 3 + 1, rand(cols, dtype=dtype),
+              rand(cols, dtype=dtype), built=built, **tol(dtype))
+    sources = [cpp.generate_source(k.program) for _, k in built if k.native]
+    # the variance pass still runs in parts (fp16 rows are staged on the stack first, so
+    # their first pass reads L1 and keeps the parts too)
+    assert any("const int64_t cq =" in src for src in sources)
+    if dtype != torch.float16:
+        for src in sources:  # the first reduction loop of each kernel: one accumulator
+            first = src.index("#pragma omp simd reduction")
+            assert "const int64_t cq =" not in src[src.index("for (int64_t wi"):first]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_short_static_row_sums_in_vector_lanes(dtype, built, tol):
     """Float sums over a short static row add VECTOR_LANES columns at a time and combine the

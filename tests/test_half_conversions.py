@@ -28,6 +28,15 @@ extern "C" void t_st(const float* s, uint16_t* d, int64_t n) { pi_st_f16_n(s, d,
 extern "C" void t_rnd(const float* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = rnd_f16(s[i]);
 }
+extern "C" void t_rnd_bf16(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = rnd_bf16(s[i]);
+}
+extern "C" void t_exp(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = pi_exp(s[i]);
+}
+extern "C" void t_exp_d(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = pi_exp_d(s[i]);
+}
 extern "C" int t_isa() {  // which block conversion this build uses
 #if defined(__AVX512F__)
   return 2;
@@ -55,7 +64,7 @@ def _lib(isa):
     flags = ISAS[isa]
     if flags and "-march=native" not in cpp_build.find_compiler()[2]:
         pytest.skip("the compiler does not take -march=native: only the scalar path exists")
-    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_isa"), flags)
+    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_rnd_bf16", "t_exp", "t_exp_d", "t_isa"), flags)
 
 
 def _ptr(t):
@@ -115,6 +124,36 @@ def test_block_conversions_match_eager(isa):
     r = torch.empty_like(x)
     _call(lib.t_rnd, x, r, x.numel())
     _same(r, x.to(torch.float16).float(), f"{isa} rnd_f16")
+
+
+def test_rnd_bf16_and_exp_special_values():
+    """The in-loop bf16 rounding against eager's (ties between bfloat16s to even, the
+    float max rounding to inf, subnormals, a NaN stays NaN), and pi_exp with its selects
+    (pi_exp_d: as bit masks, silu's and sigmoid's): NaN, +-inf, the underflow (< -104: 0)
+    and overflow (> 88.72: inf) edges, the same bits from both."""
+    lib = _lib("native")
+    b = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    fin = b[b.float().isfinite()].float().unique().double()
+    mid = ((fin[1:] + fin[:-1]) / 2).float()  # exact in float: ties
+    x = torch.cat([_floats(), b.float(), mid, mid.nextafter(torch.full_like(mid, 1e38)),
+                   mid.nextafter(torch.full_like(mid, -1e38)),
+                   torch.tensor([3.4028235e38, -3.4028235e38, 3.3961776e38])]).contiguous()
+    r = torch.empty_like(x)
+    _call(lib.t_rnd_bf16, x, r, x.numel())
+    _same(r, x.to(torch.bfloat16).float(), "rnd_bf16")
+
+    e = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.7229, 89.0,
+                      1e30, -104.00001, -105.0, -1e30])
+    want = torch.tensor([float("nan"), float("inf"), 0.0, 1.0, 1.0] + [float("inf")] * 3
+                        + [0.0] * 3)
+    e2 = torch.cat([torch.linspace(-87.3, 88.7, 20001), torch.linspace(-104, -87.3, 2001)])
+    for fn in (lib.t_exp, lib.t_exp_d):
+        out = torch.empty_like(e)
+        _call(fn, e, out, e.numel())
+        torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+        out = torch.empty_like(e2)
+        _call(fn, e2, out, e2.numel())
+        torch.testing.assert_close(out, e2.exp(), rtol=1e-6, atol=1e-44)
 
 
 @pytest.mark.parametrize("isa", ["native", "scalar"])

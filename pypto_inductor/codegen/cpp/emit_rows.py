@@ -393,7 +393,7 @@ class RowEmitter:
         lanes = REDUCTION_LANES if segs == 1 and not short and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
-        ) else 1
+        ) and not self.streams(reductions) else 1
         for path in paths:
             if path == "fast":
                 self.w("    if (fast) {")
@@ -450,6 +450,18 @@ class RowEmitter:
                     self.staged = {}
             self.seg = 0
             self.w("    }")
+
+    def streams(self, reductions) -> bool:
+        """Whether the pass computing ``reductions`` is the row's first (stage 1) and reads a
+        column input from memory (not a row staged on the stack). Its sum keeps one
+        accumulator: the REDUCTION_LANES parts read the row as four streams a quarter row
+        apart, which the prefetcher follows badly: a 4096x1024 bf16 row sum from memory
+        took 2x as long in four parts as in one (docs/benchmarks.md, half-type section).
+        Later passes read the row from L1, where the parts hide the adds' latency."""
+        if not reductions or any(self.stage[x.id] != 1 for x in reductions):
+            return False
+        return any(x.kind in ("load", "gather") and x.attrs["access"] not in self.row_staged
+                   for x in self.col_deps([a for x in reductions for a in x.args]))
 
     def pragma(self, reductions, lanes=("",)) -> str:
         clauses = []

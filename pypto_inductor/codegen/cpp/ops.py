@@ -172,7 +172,7 @@ OPS = {
     "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),
     "exp": _f("pi_exp"), "log": _nan_positive("log"), "sqrt": _nan_positive("sqrt"),
     "rsqrt": lambda a, n: f"(1.0f / std::sqrt({a[0]}))", "tanh": _f("pi_tanh"),
-    "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp(-{a[0]})))",
+    "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp_d(-{a[0]})))",
     "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
     "gelu": lambda a, n: _gelu(a, n),
     "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
