@@ -101,8 +101,32 @@ def test_report_verify_fills_tile_fields(tmp_path, monkeypatch):
     for t in tiles:
         assert t["verified"] is True, t
         assert t["max_abs_err"] < 1e-3 and t["pypto_verdicts"]
+        # the golden check only: no compiler pass re-run without verify_passes
+        assert {v["pass"] for v in t["pypto_verdicts"]} == {"tensor_graph"}, t["pypto_verdicts"]
     assert d["summary"]["tiles_verified"] == len(tiles)
+    assert "pypto_pass_verdicts" not in d["summary"]
     assert d["summary"]["tiles_verify_failed"] == 0
+
+
+def test_report_verify_passes_records_pypto_per_pass_verdicts(tmp_path, monkeypatch):
+    """options={"verify_passes": True}: besides the golden check, pypto's interpreter
+    re-runs each kernel after its compiler passes and each tile lists those verdicts."""
+    monkeypatch.chdir(tmp_path)
+    rep = pypto_inductor.report(lambda x, w: torch.nn.functional.silu(x @ w) + x,
+                                torch.randn(32, 64), torch.randn(64, 64),
+                                options={"simulate": True, "verify_passes": True})
+    d = rep.to_dict()
+    tiles = d["graphs"][0]["fusion_tiles"]
+    assert tiles
+    for t in tiles:
+        assert t["verified"] is True, t
+        passes = {v["pass"] for v in t["pypto_verdicts"]}
+        # the tensor graph against our golden, and at least one compiler pass against it
+        assert "tensor_graph" in passes and any(p.startswith("Pass_") for p in passes), passes
+        assert all(v["result"] == "PASS" for v in t["pypto_verdicts"]), t["pypto_verdicts"]
+    s = d["summary"]
+    assert s["pypto_pass_verdicts"] > 0 and s["pypto_pass_verdicts_failed"] == 0
+    assert s["tiles_with_failed_pass"] == 0 and s["tiles_verified"] == len(tiles)
 
 
 def test_bool_counts_and_infinities_verify():

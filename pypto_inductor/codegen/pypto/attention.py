@@ -424,6 +424,7 @@ class AttentionSimulation:
     verified: bool | None = None
     max_abs_err: float | None = None
     error: str | None = None
+    pypto_verdicts: list = dataclasses.field(default_factory=list)  # verify.KernelCheck's
 
     @property
     def speedup(self) -> float | None:
@@ -443,11 +444,13 @@ class AttentionSimulation:
                 "work_speedup": (self.unfused_work / self.fused_work
                                  if self.fused_work and self.unfused_work else None),
                 "unfused_parts": dict(self.unfused_parts), "speedup": self.speedup,
-                "verified": self.verified, "max_abs_err": self.max_abs_err, "error": self.error}
+                "verified": self.verified, "max_abs_err": self.max_abs_err, "error": self.error,
+                "pypto_verdicts": list(self.pypto_verdicts) or None}
 
 
 def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: int = 0,
-                       timeout: float | None = None) -> list[AttentionSimulation]:
+                       timeout: float | None = None, per_pass: bool = False
+                       ) -> list[AttentionSimulation]:
     """Each SDPA call simulated fused (the flash kernel) and unfused (three kernels), and
     the flash kernel run through pypto's interpreter against eager SDPA."""
     from .sim import DEFAULT_TIMEOUT_S, simulate_kernels
@@ -483,19 +486,20 @@ def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: in
     if cases:
         from .verify import VerifyUnavailable, verify_kernels
         try:
-            checks = verify_kernels([c for _, c in cases])
+            checks = verify_kernels([c for _, c in cases], per_pass=per_pass)
         except VerifyUnavailable as e:
             for i, _ in cases:
                 sims[i].error = (sims[i].error or "") + f"verify unavailable: {e}"
             return sims
         for (i, _), check in zip(cases, checks):
             sims[i].verified, sims[i].max_abs_err = check.verified, check.max_abs_err
+            sims[i].pypto_verdicts = check.pypto_verdicts
             if check.error:
                 sims[i].error = (sims[i].error or "") + check.error
     return sims
 
 
-def simulate_plan_attention(plan, verify: bool = False) -> list[dict]:
+def simulate_plan_attention(plan, verify: bool = False, per_pass: bool = False) -> list[dict]:
     """Every SDPA call of a FusionPlan's graph (the attention rewrite's extern op): the flash
     kernel simulated fused vs unfused and, with ``verify``, value-checked; a call with no
     kernel here (dropout, dynamic sizes) is listed with its reason. Never raises."""
@@ -509,7 +513,7 @@ def simulate_plan_attention(plan, verify: bool = False) -> list[dict]:
             out.append({"name": node.name, "op": "scaled_dot_product_attention",
                         "error": str(e), "verified": None})
     try:
-        out += [s.to_dict() for s in simulate_attention(calls, verify=verify)]
+        out += [s.to_dict() for s in simulate_attention(calls, verify=verify, per_pass=per_pass)]
     except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
         out += [{"name": s.name, "op": "scaled_dot_product_attention",
                  "error": f"{type(e).__name__}: {e}", "verified": None} for s in calls]
