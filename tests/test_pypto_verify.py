@@ -142,6 +142,33 @@ def test_bool_counts_and_infinities_verify():
     assert checks and all(c.verified is True for c in checks.values()), checks
 
 
+def test_var_mean_mean_stays_finite_near_the_float_max():
+    """var_mean's mean carries acc_dtype=float64 (eager sums it in double). The NPU has
+    no double: the pypto kernel sums x/n in fp32, finite wherever the mean is; a row of
+    +max, +max/3, -max summed as x overflowed to inf."""
+    def fn(x):
+        var, mean = torch.var_mean(x, -1, keepdim=True)
+        return var, mean + 1.0
+    x = torch.randn(8, 32)
+    (plan,) = _plan(fn, x)
+    (tile,) = [t for t in plan.tiles if any(op.op == "mean" for op in t.ops)]
+    assert any(op.attrs.get("acc_dtype") == torch.float64 for op in tile.ops if op.op == "mean")
+    kernel = emit_tile(tile, plan.graph)
+    big = torch.finfo(torch.float32).max
+    cases = []
+    for data in (torch.randn(8, 32), torch.randn(8, 32).index_fill_(1, torch.tensor([0, 1, 2]), 0)
+                 .index_add_(1, torch.tensor([0, 1, 2]), torch.tensor([big, big / 3, -big])
+                             .expand(8, 3).contiguous())):
+        (inp,) = verify.random_inputs(kernel, seed=0)
+        inputs = [data.to(inp.dtype)]
+        expected = reference.build(tile, plan.graph).fn(inputs, ())
+        mean = [e for e in expected if e.shape == (8, 1)]
+        assert all(torch.isfinite(m).all() for m in mean[1:]), expected  # the reference's
+        cases.append((kernel, inputs, expected))
+    for check in verify.verify_kernels(cases):
+        assert check.verified is True, check
+
+
 def test_no_cmake_gives_a_reason_not_an_exception(tmp_path, monkeypatch):
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path))  # no library built here
     real_which = shutil.which
