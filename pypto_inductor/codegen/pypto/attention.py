@@ -212,6 +212,14 @@ def blocks(spec: AttentionSpec) -> tuple[int, int]:
     return _block(spec.Sq, max(16, 32768 // tk)), tk
 
 
+def _aligned(n: int, step: int = 16) -> int:
+    """A tile dim rounded up to whole 16-element steps: pypto wants a UB tile row of whole
+    32-byte blocks ("CHECK FAILED: lastDimBytes % BLOCK_SIZE == 0" for vit's 17 keys) and
+    the cube works on 16x16 fractals. Only tile shapes are rounded, never views: a tile
+    reaching past its view is masked by pypto."""
+    return -(-n // step) * step
+
+
 MAX_UNROLLED_KEY_BLOCKS = 4  # up to 4 x 512 keys in the plain (unrolled) form
 
 
@@ -252,7 +260,7 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
     scale = spec.scale if scale is None else scale
     vdt = _dt(spec.dtype)
     kk, nn = max(D, tk), max(tk, Dv)
-    vt = vec or (min(tq, max(8, 8192 // nn)), nn)  # the UB tile of the vector ops
+    vt = vec or (min(tq, max(8, 8192 // nn)), _aligned(nn))  # the UB tile of the vector ops
     name = "pto_flash_" + "".join(c if c.isalnum() else "_" for c in spec.name)
     params = _params(spec, [("out", (B * H * Sq, Dv), spec.dtype, (B, H, Sq, Dv)),
                             ("lse", (B * H * Sq, 1), torch.float32, (B, H, Sq))])
@@ -294,7 +302,8 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
     body = [
         f"pypto.set_vec_tile_shapes({vt[0]}, {vt[1]})",
         # k covers both matmuls' K (D for QK^T, tk for PV): no split K, no extra tasks
-        f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{nn}, {nn}])",
+        "pypto.set_cube_tile_shapes([{0}, {0}], [{1}, {1}], [{2}, {2}])".format(
+            _aligned(tq), _aligned(kk), _aligned(nn)),
         f"for bh in pypto.loop({B * H}):",
         f"    b = bh // {H}",
         f"    h = bh % {H}",
@@ -312,7 +321,7 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
            + (", causal" if spec.causal else "")
            + (f", mask {list(spec.mask_shape)}" if spec.mask_shape else ""))
     return PyptoKernel(name, spec.name, _module(name, doc, run_mode, params, body), params,
-                       vt, ((tq, tq), (kk, kk), (nn, nn)))
+                       vt, tuple((_aligned(x),) * 2 for x in (tq, kk, nn)))
 
 
 def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64
@@ -327,11 +336,12 @@ def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64
             f"    for i in pypto.loop({nq}):", f"        q0 = i * {tq}",
             f"        r0 = bh * {Sq} + q0"]
     n = min(Sk, 256)
-    tile = [f"pypto.set_vec_tile_shapes({tq}, {n})"]
-    cube = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{D}, {D}], [{n}, {n}])"]
+    am, an, ad, adv = _aligned(tq), _aligned(n), _aligned(D), _aligned(Dv)
+    tile = [f"pypto.set_vec_tile_shapes({tq}, {an})"]
+    cube = [f"pypto.set_cube_tile_shapes([{am}, {am}], [{ad}, {ad}], [{an}, {an}])"]
     # probs @ v: K is the key length, N the head dim (no split K up to 512)
-    kk = min(_block(Sk, 512), 512)
-    cube_pv = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{Dv}, {Dv}])"]
+    kk = _aligned(min(_block(Sk, 512), 512))
+    cube_pv = [f"pypto.set_cube_tile_shapes([{am}, {am}], [{kk}, {kk}], [{adv}, {adv}])"]
     p1 = _params(spec, [("scores", (rows, Sk), torch.float32, (B, H, Sq, Sk))])
     scores = tile + cube + head + [
         f"        qb = pypto.view(in_q, [{tq}, {D}], [r0, 0])",
