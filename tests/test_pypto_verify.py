@@ -67,6 +67,21 @@ def test_every_zoo_pypto_kernel_is_verified(zoo_checks):
         assert verdicts and all(v["result"] == "PASS" for v in verdicts), verdicts
 
 
+def test_every_op_family_kernel_is_verified():
+    """The op families tests/test_pypto_sim.py simulates (unary, trig, activations,
+    binary, compare/where, casts, broadcasts, reductions, softmax, norms, matmuls with
+    epilogues, fp16, bmm): each of their pypto kernels also runs in the interpreter."""
+    from test_pypto_sim import FAMILIES
+    groups = []
+    for name, (fn, inputs, _) in FAMILIES.items():
+        groups += [(p.tiles, p.graph) for p in _plan(fn, *inputs)]
+    checks = verify.verify_graphs(groups)
+    assert len(checks) >= len(FAMILIES)
+    bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
+           if c.verified is not True}
+    assert not bad, bad
+
+
 def test_a_kernel_with_the_bias_added_twice_is_caught():
     def fn(a, b, bias):
         return torch.relu(a @ b + bias)

@@ -575,10 +575,18 @@ def _layout(em: Writer, op: TileOp):
 def _cast(em: Writer, op: TileOp):
     (x,) = [em.arg(a, op) for a in op.args]
     target = op.attrs["dtype"]
+    src = em.dtype[op.args[0]]
     if target.is_floating_point:  # floats live in the compute dtype inside the kernel
-        if em.dtype[op.args[0]] == em.compute:
+        if src == em.compute:
             return x, em.compute
         return em.tmp(f"pypto.cast({x}, {em.dt(em.compute)})"), em.compute
+    if target == torch.bool and src != torch.bool:
+        # torch: any nonzero is True; pypto's cast rounds first (0.3 -> False)
+        return em.tmp(f"pypto.ne({x}, {'0.0' if src.is_floating_point else '0'})"), torch.bool
+    if src.is_floating_point:
+        # torch truncates toward zero; pypto's default cast rounds to nearest (found by the
+        # interpreter: (x * 10).to(int32) was off by one in half of its elements)
+        return em.tmp(f"pypto.cast({x}, {em.dt(target)}, pypto.CastMode.CAST_TRUNC)"), target
     return em.tmp(f"pypto.cast({x}, {em.dt(target)})"), target
 
 
