@@ -112,12 +112,12 @@ def test_signature_ignores_names_and_bucket_rounds_sizes():
     assert autotune.signature(g.tiles[0], g.graph) != autotune.signature(tb, b.graph)
 
 
-def test_rule_buffering_follows_one_wave_of_cores():
-    """The buffers that fit UB at the domain's share of one wave of cores: a tile split
-    finer than a wave pays a second one in pypto's simulator (docs/autotune_gains.md).
-    512x512 gt-mul-where (4 UB buffers per op): 262144 / 48 cores -> 8192-element tasks,
-    128 KiB of the 192 KiB UB -> 1; 256x256 add-relu: 2048-element tasks -> 3; a small
-    tile fits three whatever the split; a matmul's share is over the 24 cube cores."""
+def test_rule_buffering_follows_one_task_per_ai_core():
+    """The buffers that fit UB at the domain's share of the 24 AI cores: split finer, the
+    tasks queue in pypto's simulator; coarser, cores idle (docs/autotune_gains.md).
+    512x512 gt-mul-where (4 UB buffers per op): 262144 / 24 -> 16384-element tasks,
+    256 KiB > the 192 KiB UB -> 1; 256x256 add-relu: 4096-element tasks -> 3; a small
+    tile fits three whatever the split; a 512x1024 LayerNorm -> 1."""
     hw = pypto_inductor.hardware.ascend_a2()
     cases = [((lambda x, y: torch.where(x > y, x * 2.0, y)), [(512, 512)] * 2, 1),
              ((lambda x, y: torch.relu(x + y)), [(256, 256)] * 2, 3),

@@ -13,7 +13,7 @@ Buffering: a tile at buffering ``b`` keeps ``b`` copies of its buffers in UB, so
 vector tile must fit UB / b (smaller tiles, more tasks that overlap load, compute and
 store); a candidate's ``buffering`` is the number of copies that fit at the vector tile
 it was emitted with. The rule (:func:`rule_buffering`) picks ``b`` from the tile's
-share of the cores (the domain over one wave of cores); candidates at every ``b`` in
+share of the AI cores (the domain over one task per AI core); candidates at every ``b`` in
 (1, 2, 3) are simulated, and the report says which ``b`` the simulator preferred.
 (pypto 0.2.0's own n-buffer pass option, ``vec_nbuffer_setting``, changed no simulated
 cycle in our tries, so the factor is expressed through the tile size.)
@@ -208,27 +208,27 @@ def cache_store(key: str, entry: dict) -> dict:
 
 # --- candidates ------------------------------------------------------------------------------
 def rule_buffering(tile: FusionTile, graph: TileGraph, hw) -> int:
-    """Buffering from the tile's share of the cores: the buffers (1-3) that fit UB at a
-    vector tile of the tile's domain spread over one wave of cores (domain / cores
-    elements, rounded up to a power of two; cube cores, half the vector cores on A2, for
-    a tile with a matmul).
+    """Buffering from the tile's share of the AI cores: the buffers (1-3) that fit UB at
+    a vector tile of the tile's domain over one task per AI core (domain / 24 elements
+    on A2, rounded up to a power of two; the AI cores are the cube cores, each paired
+    with two vector cores).
 
-    Why not the compute/IO ratio: in pypto's simulator a kernel's time is set by its
-    waves of tasks over the cores, not by how many buffers are in flight (pypto 0.2.0's
-    own n-buffer setting changed no cycle). A tile split finer than one wave pays a
-    second wave (512x512 gt-mul-where: 32 tasks 17,792 cycles, 64 tasks 28,653); one
-    coarser than a wave leaves cores idle (256x256 add-relu: 4 tasks 13,667, 16 tasks
-    12,847). Tiles whose domain is small fit three buffers whatever the split. On the
-    autotune set (docs/autotune_gains.md) this agrees with the simulator's fastest tile
-    far more often than the ratio rule did (figures there)."""
+    Why not the compute/IO ratio: in pypto's simulator a kernel's time follows its tasks,
+    not the buffers in flight (pypto 0.2.0's own n-buffer setting changed no cycle).
+    Split finer than about one task per AI core, tasks queue at ~380 cycles each
+    (1024x1024 exp-relu: 64 / 128 / 256 tasks, task spans 24.2k / 47.6k / 99.0k cycles;
+    256x1024 add-mul-relu: 16 tasks 17,423 work cycles, 32 tasks 19,857); split coarser,
+    cores idle (256x256 add-sigmoid: 4 / 8 / 16 tasks, 14,739 / 13,744 / 13,254). Small
+    domains fit three buffers whatever the split. Agreement with the simulator's fastest
+    candidates: docs/autotune_gains.md (tasks per kernel of 16-24 fit best; 48, one per
+    vector core, and the ratio rule far less)."""
     operands = vec_operands(tile)
-    cores = max(1, int(getattr(hw, "cores", 1) or 1))
-    if any(op.kind is OpKind.MATMUL for op in tile.ops):
-        cores = max(1, cores // 2)  # A2: 24 cube cores against 48 vector cores
+    details = dict(getattr(hw, "details", ()) or ())
+    cores = int(details.get("cube_cores") or max(1, int(getattr(hw, "cores", 2) or 2) // 2))
     domain = _domain_elems(tile, graph)
     if domain is None:
         return 2
-    per_task = 1 << max(0, (-(-domain // cores) - 1).bit_length())
+    per_task = 1 << max(0, (-(-domain // max(1, cores)) - 1).bit_length())
     fp = vec_footprint((per_task,), operands)
     return max([b for b in BUFFERINGS if fp * b <= int(hw.vector_capacity_bytes)] or [1])
 

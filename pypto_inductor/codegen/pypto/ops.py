@@ -581,8 +581,11 @@ def _cast(em: Writer, op: TileOp):
             return x, em.compute
         return em.tmp(f"pypto.cast({x}, {em.dt(em.compute)})"), em.compute
     if target == torch.bool and src != torch.bool:
-        # torch: any nonzero is True; pypto's cast rounds first (0.3 -> False)
-        return em.tmp(f"pypto.ne({x}, {'0.0' if src.is_floating_point else '0'})"), torch.bool
+        # torch: any nonzero is True; pypto's cast rounds first (0.3 -> False). Integers are
+        # compared in fp32 (pypto's compare takes no integer scalar; no nonzero int is 0.0)
+        if not src.is_floating_point:
+            x = em.tmp(f"pypto.cast({x}, {em.dt(torch.float32)})")
+        return em.tmp(f"pypto.ne({x}, 0.0)"), torch.bool
     if src.is_floating_point:
         # torch truncates toward zero; pypto's default cast rounds to nearest (found by the
         # interpreter: (x * 10).to(int32) was off by one in half of its elements)
