@@ -59,12 +59,13 @@ def report(model_or_fn, *example_inputs, options: dict[str, Any] | None = None,
                                                         buffering=config.buffering, progress=bar,
                                                         tunings=tunings.get(id(graph_report)))
                 if config.verify:  # values: every pypto kernel run in pypto's interpreter
-                    for name, check in verify_plan(graph_report.plan).items():
+                    for name, check in verify_plan(graph_report.plan,
+                                                   per_pass=config.verify_passes).items():
                         if name in graph_report.simulation:
                             graph_report.simulation[name].verification = check
                 # SDPA calls (the attention rewrite): the pypto flash-attention kernel
-                graph_report.attention = simulate_plan_attention(graph_report.plan,
-                                                                 verify=config.verify)
+                graph_report.attention = simulate_plan_attention(
+                    graph_report.plan, verify=config.verify, per_pass=config.verify_passes)
     rep = FusionReport(graphs, target=config.target, hardware=hw)
     if unfused is not None:
         rep.measured_us_unfused = measured_total([g.to_dict() for g in unfused])

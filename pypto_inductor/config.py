@@ -59,6 +59,9 @@ class Config:
     profile: bool = False
     simulate: bool = False
     verify: bool = False  # with simulate: each pypto kernel's values checked in pypto's interpreter
+    # verify, and pypto's interpreter re-runs each kernel after its compiler passes: per-pass
+    # verdicts per tile (slower: one interpreter run per checked pass); implies verify
+    verify_passes: bool = False
     autotune: bool = False  # with simulate: tile shapes tuned in pypto's simulator (tiling cache)
     autotune_seconds: float = 120.0  # bound on the tuning time of one graph's tiles
     keep_buffers: bool = True  # native kernel outputs dying inside the graph serve its next call
@@ -72,6 +75,8 @@ class Config:
             if value is not None and not (isinstance(value, (int, float)) and
                                           not isinstance(value, bool) and math.isfinite(value)):
                 raise ConfigError(f"option {key!r} must be a finite number, got {value!r}")
+        if self.verify_passes and not self.verify:  # per-pass verdicts are a value check too
+            object.__setattr__(self, "verify", True)
 
     @property
     def hardware_name(self) -> str:
@@ -176,8 +181,8 @@ def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
             if value <= 0:
                 raise ConfigError(f"option 'autotune_seconds' must be > 0, got {value}")
             kw[key] = value
-        elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "keep_buffers",
-                     "autotune", "strict"):
+        elif key in ("fusion", "fuse_attention", "profile", "simulate", "verify", "verify_passes",
+                     "keep_buffers", "autotune", "strict"):
             kw[key] = _check_type(key, value, (bool,), "True or False")
         elif key == "fallback_ops":
             if isinstance(value, str) or not hasattr(value, "__iter__"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import pypto_inductor
 from pypto_inductor.codegen.pypto import autotune
@@ -111,6 +112,23 @@ def test_signature_ignores_names_and_bucket_rounds_sizes():
     assert autotune.signature(g.tiles[0], g.graph) != autotune.signature(tb, b.graph)
 
 
+def test_rule_buffering_follows_one_task_per_ai_core():
+    """The buffers that fit UB at the domain's share of the 24 AI cores: split finer, the
+    tasks queue in pypto's simulator; coarser, cores idle (docs/autotune_gains.md).
+    512x512 gt-mul-where (4 UB buffers per op): 262144 / 24 -> 16384-element tasks,
+    256 KiB > the 192 KiB UB -> 1; 256x256 add-relu: 4096-element tasks -> 3; a small
+    tile fits three whatever the split; a 512x1024 LayerNorm -> 1."""
+    hw = pypto_inductor.hardware.ascend_a2()
+    cases = [((lambda x, y: torch.where(x > y, x * 2.0, y)), [(512, 512)] * 2, 1),
+             ((lambda x, y: torch.relu(x + y)), [(256, 256)] * 2, 3),
+             ((lambda x, y: torch.relu(x + y)), [(32, 64)] * 2, 3),
+             ((lambda x, w: F.layer_norm(x, (1024,), w)), [(512, 1024), (1024,)], 1)]
+    for fn, shapes, want in cases:
+        plan = _plan(fn, *[torch.randn(*s) for s in shapes])
+        (tile,) = [t for t in plan.tiles if len(t.ops) > 1]
+        assert autotune.rule_buffering(tile, plan.graph, hw) == want, (shapes, tile.ops)
+
+
 @needs_pypto
 def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
     plan = _plan(lambda x, y: torch.softmax(x, -1) * y, torch.randn(256, 1024), torch.randn(256, 1024))
@@ -120,6 +138,12 @@ def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
     assert t.chosen.cycles <= t.rule.cycles
     assert len([c for c in t.tried if c.cycles]) >= 2  # the rule and at least one candidate
     assert t.rule_buffering in (1, 2, 3) and t.chosen.buffering in (1, 2, 3)
+    # each candidate's buffering: the copies of the vector tile it was emitted with that fit UB
+    from pypto_inductor.codegen.pypto.tiling import vec_operands
+    for c in t.tried:
+        if c.vec_tile:
+            assert c.buffering == autotune.fitted_buffering(
+                c.vec_tile, vec_operands(plan.tiles[0]), plan.hardware), c
     assert not t.from_cache and (tiling_cache / f"{t.key}.json").exists()
     again = autotune.tune_plan(plan, seconds=300, limit=3)[t.tile]
     assert again.from_cache and again.chosen.tile_shape == t.chosen.tile_shape

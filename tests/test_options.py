@@ -53,6 +53,7 @@ def test_unknown_option_names_key_and_valid_options():
     ("fusion", "yes", ["True or False"]),
     ("profile", 1, ["True or False"]),
     ("keep_buffers", "no", ["True or False"]),
+    ("verify_passes", 1, ["True or False"]),
     ("fallback_ops", ["gelu"], ["aten.gelu"]),
     ("fallback_ops", ["aten.gelux"], ["'aten.gelux' is not an ATen operator"]),
     ("fallback_ops", ["aten.gelu.nope"], ["'aten.gelu.nope' is not an ATen operator"]),
@@ -73,6 +74,10 @@ def test_good_options_parse():
     assert cfg == Config(target="reference", capacity_bytes=4096, roi_threshold=2.0,
                          fallback_ops=("aten.gelu",), buffering=3)
     assert parse_options(None) == Config()
+    # per-pass verdicts are a value check: verify_passes implies verify (and the A2 model)
+    cfg = parse_options({"verify_passes": True})
+    assert cfg.verify and cfg.verify_passes and cfg.hardware_name == "ascend-a2"
+    assert not parse_options({"verify": True}).verify_passes
     assert parse_options(cfg) is cfg
     # OpOverloads are accepted as fallback_ops and matched by name.
     cfg = parse_options({"fallback_ops": [torch.ops.aten.gelu.default]})

@@ -33,6 +33,11 @@ SPECS = [
     A.AttentionSpec(2, 2, S, 2 * S, 64, 64, torch.float16, 0.125, mask_shape=(2, 1, 1, 2 * S),
                     mask_dtype=torch.float16, name="padmask_fp16"),
     A.AttentionSpec(1, 2, S, S, 32, 32, torch.float32, 1 / math.sqrt(32), name="plain_fp32"),
+    # an odd length (vit: 16 patches + the class token): its tile shapes are rounded up to
+    # whole 32-byte blocks / 16x16 fractals ("lastDimBytes % BLOCK_SIZE" before)
+    A.AttentionSpec(2, 4, 17, 17, 16, 16, torch.float32, 0.25, name="vit_len17_fp32"),
+    A.AttentionSpec(1, 2, 17, 17, 16, 16, torch.float16, 0.25, causal=True,
+                    name="len17_causal_fp16"),
 ]
 
 

@@ -61,6 +61,10 @@ FAMILIES = {
     "cast_fp16": (lambda x: (x.float() * 2).half() + x, (_x(R, C, dtype=torch.float16),),
                   {"cast"}),
     "cast_int": (lambda x: (x * 10).to(torch.int32).float() + x, (_x(R, C),), {"cast"}),
+    # float -> bool is "nonzero", not a rounded cast (0.3 is True)
+    "cast_bool": (lambda x: (x * 0.3).bool().float() + x, (_x(R, C),), {"cast"}),
+    "cast_int_bool": (lambda m, x: torch.where(m.bool(), x, 0.0),
+                      (torch.randint(-3, 3, (R, C)), _x(R, C)), {"cast", "where"}),
     "broadcast": (lambda x, b: torch.relu(x + b) * b, (_x(R, C), _x(C)), {"add"}),
     "reductions": (lambda x: x.sum(-1, keepdim=True) + x.mean(-1, keepdim=True)
                    + x.amax(-1, keepdim=True) + x.amin(-1, keepdim=True)

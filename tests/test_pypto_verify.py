@@ -67,6 +67,21 @@ def test_every_zoo_pypto_kernel_is_verified(zoo_checks):
         assert verdicts and all(v["result"] == "PASS" for v in verdicts), verdicts
 
 
+def test_every_op_family_kernel_is_verified():
+    """The op families tests/test_pypto_sim.py simulates (unary, trig, activations,
+    binary, compare/where, casts, broadcasts, reductions, softmax, norms, matmuls with
+    epilogues, fp16, bmm): each of their pypto kernels also runs in the interpreter."""
+    from test_pypto_sim import FAMILIES
+    groups = []
+    for name, (fn, inputs, _) in FAMILIES.items():
+        groups += [(p.tiles, p.graph) for p in _plan(fn, *inputs)]
+    checks = verify.verify_graphs(groups)
+    assert len(checks) >= len(FAMILIES)
+    bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
+           if c.verified is not True}
+    assert not bad, bad
+
+
 def test_a_kernel_with_the_bias_added_twice_is_caught():
     def fn(a, b, bias):
         return torch.relu(a @ b + bias)
@@ -101,8 +116,32 @@ def test_report_verify_fills_tile_fields(tmp_path, monkeypatch):
     for t in tiles:
         assert t["verified"] is True, t
         assert t["max_abs_err"] < 1e-3 and t["pypto_verdicts"]
+        # the golden check only: no compiler pass re-run without verify_passes
+        assert {v["pass"] for v in t["pypto_verdicts"]} == {"tensor_graph"}, t["pypto_verdicts"]
     assert d["summary"]["tiles_verified"] == len(tiles)
+    assert "pypto_pass_verdicts" not in d["summary"]
     assert d["summary"]["tiles_verify_failed"] == 0
+
+
+def test_report_verify_passes_records_pypto_per_pass_verdicts(tmp_path, monkeypatch):
+    """options={"verify_passes": True}: besides the golden check, pypto's interpreter
+    re-runs each kernel after its compiler passes and each tile lists those verdicts."""
+    monkeypatch.chdir(tmp_path)
+    rep = pypto_inductor.report(lambda x, w: torch.nn.functional.silu(x @ w) + x,
+                                torch.randn(32, 64), torch.randn(64, 64),
+                                options={"simulate": True, "verify_passes": True})
+    d = rep.to_dict()
+    tiles = d["graphs"][0]["fusion_tiles"]
+    assert tiles
+    for t in tiles:
+        assert t["verified"] is True, t
+        passes = {v["pass"] for v in t["pypto_verdicts"]}
+        # the tensor graph against our golden, and at least one compiler pass against it
+        assert "tensor_graph" in passes and any(p.startswith("Pass_") for p in passes), passes
+        assert all(v["result"] == "PASS" for v in t["pypto_verdicts"]), t["pypto_verdicts"]
+    s = d["summary"]
+    assert s["pypto_pass_verdicts"] > 0 and s["pypto_pass_verdicts_failed"] == 0
+    assert s["tiles_with_failed_pass"] == 0 and s["tiles_verified"] == len(tiles)
 
 
 def test_bool_counts_and_infinities_verify():
@@ -116,6 +155,33 @@ def test_bool_counts_and_infinities_verify():
     (plan,) = _plan(fn, x, labels)
     checks = verify.verify_plan(plan)
     assert checks and all(c.verified is True for c in checks.values()), checks
+
+
+def test_var_mean_mean_stays_finite_near_the_float_max():
+    """var_mean's mean carries acc_dtype=float64 (eager sums it in double). The NPU has
+    no double: the pypto kernel sums x/n in fp32, finite wherever the mean is; a row of
+    +max, +max/3, -max summed as x overflowed to inf."""
+    def fn(x):
+        var, mean = torch.var_mean(x, -1, keepdim=True)
+        return var, mean + 1.0
+    x = torch.randn(8, 32)
+    (plan,) = _plan(fn, x)
+    (tile,) = [t for t in plan.tiles if any(op.op == "mean" for op in t.ops)]
+    assert any(op.attrs.get("acc_dtype") == torch.float64 for op in tile.ops if op.op == "mean")
+    kernel = emit_tile(tile, plan.graph)
+    big = torch.finfo(torch.float32).max
+    cases = []
+    for data in (torch.randn(8, 32), torch.randn(8, 32).index_fill_(1, torch.tensor([0, 1, 2]), 0)
+                 .index_add_(1, torch.tensor([0, 1, 2]), torch.tensor([big, big / 3, -big])
+                             .expand(8, 3).contiguous())):
+        (inp,) = verify.random_inputs(kernel, seed=0)
+        inputs = [data.to(inp.dtype)]
+        expected = reference.build(tile, plan.graph).fn(inputs, ())
+        mean = [e for e in expected if e.shape == (8, 1)]
+        assert all(torch.isfinite(m).all() for m in mean[1:]), expected  # the reference's
+        cases.append((kernel, inputs, expected))
+    for check in verify.verify_kernels(cases):
+        assert check.verified is True, check
 
 
 def test_no_cmake_gives_a_reason_not_an_exception(tmp_path, monkeypatch):

@@ -277,12 +277,19 @@ def _simulated_summary(graphs: list[dict]) -> dict:
                 continue
             fused, unfused = fused + f, unfused + u
     checked = [t.get("verified") for g in graphs for t in g["fusion_tiles"] if "verified" in t]
+    # options={"verify_passes": True}: pypto's verdicts after its compiler passes (rows
+    # checked against the tensor graph; the tensor graph's own rows are against our golden)
+    passes = [(t["name"], v) for g in graphs for t in g["fusion_tiles"]
+              for v in t.get("pypto_verdicts") or () if v.get("pass") != "tensor_graph"]
+    failed_passes = [(n, v) for n, v in passes if v.get("result") != "PASS"]
     return {"simulated_cycles_fused": fused, "simulated_cycles_unfused": unfused,
             "simulated_speedup": round(unfused / fused, 3) if fused else None,
             "simulation_failures": failures,
             # options={"verify": True}: tiles whose pypto kernels matched the reference
             **({"tiles_verified": checked.count(True), "tiles_verify_failed": checked.count(False),
-                "tiles_not_verified": checked.count(None)} if checked else {})}
+                "tiles_not_verified": checked.count(None)} if checked else {}),
+            **({"pypto_pass_verdicts": len(passes), "pypto_pass_verdicts_failed": len(failed_passes),
+                "tiles_with_failed_pass": len({n for n, _ in failed_passes})} if passes else {})}
 
 
 def _hardware_dict(hw) -> dict:

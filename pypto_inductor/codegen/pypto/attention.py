@@ -212,6 +212,14 @@ def blocks(spec: AttentionSpec) -> tuple[int, int]:
     return _block(spec.Sq, max(16, 32768 // tk)), tk
 
 
+def _aligned(n: int, step: int = 16) -> int:
+    """A tile dim rounded up to whole 16-element steps: pypto wants a UB tile row of whole
+    32-byte blocks ("CHECK FAILED: lastDimBytes % BLOCK_SIZE == 0" for vit's 17 keys) and
+    the cube works on 16x16 fractals. Only tile shapes are rounded, never views: a tile
+    reaching past its view is masked by pypto."""
+    return -(-n // step) * step
+
+
 MAX_UNROLLED_KEY_BLOCKS = 4  # up to 4 x 512 keys in the plain (unrolled) form
 
 
@@ -252,7 +260,7 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
     scale = spec.scale if scale is None else scale
     vdt = _dt(spec.dtype)
     kk, nn = max(D, tk), max(tk, Dv)
-    vt = vec or (min(tq, max(8, 8192 // nn)), nn)  # the UB tile of the vector ops
+    vt = vec or (min(tq, max(8, 8192 // nn)), _aligned(nn))  # the UB tile of the vector ops
     name = "pto_flash_" + "".join(c if c.isalnum() else "_" for c in spec.name)
     params = _params(spec, [("out", (B * H * Sq, Dv), spec.dtype, (B, H, Sq, Dv)),
                             ("lse", (B * H * Sq, 1), torch.float32, (B, H, Sq))])
@@ -294,7 +302,8 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
     body = [
         f"pypto.set_vec_tile_shapes({vt[0]}, {vt[1]})",
         # k covers both matmuls' K (D for QK^T, tk for PV): no split K, no extra tasks
-        f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{nn}, {nn}])",
+        "pypto.set_cube_tile_shapes([{0}, {0}], [{1}, {1}], [{2}, {2}])".format(
+            _aligned(tq), _aligned(kk), _aligned(nn)),
         f"for bh in pypto.loop({B * H}):",
         f"    b = bh // {H}",
         f"    h = bh % {H}",
@@ -312,7 +321,7 @@ def emit_flash(spec: AttentionSpec, run_mode: str = "SIM", tq: int | None = None
            + (", causal" if spec.causal else "")
            + (f", mask {list(spec.mask_shape)}" if spec.mask_shape else ""))
     return PyptoKernel(name, spec.name, _module(name, doc, run_mode, params, body), params,
-                       vt, ((tq, tq), (kk, kk), (nn, nn)))
+                       vt, tuple((_aligned(x),) * 2 for x in (tq, kk, nn)))
 
 
 def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64
@@ -327,11 +336,12 @@ def emit_unfused(spec: AttentionSpec, run_mode: str = "SIM", tq: int = 64
             f"    for i in pypto.loop({nq}):", f"        q0 = i * {tq}",
             f"        r0 = bh * {Sq} + q0"]
     n = min(Sk, 256)
-    tile = [f"pypto.set_vec_tile_shapes({tq}, {n})"]
-    cube = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{D}, {D}], [{n}, {n}])"]
+    am, an, ad, adv = _aligned(tq), _aligned(n), _aligned(D), _aligned(Dv)
+    tile = [f"pypto.set_vec_tile_shapes({tq}, {an})"]
+    cube = [f"pypto.set_cube_tile_shapes([{am}, {am}], [{ad}, {ad}], [{an}, {an}])"]
     # probs @ v: K is the key length, N the head dim (no split K up to 512)
-    kk = min(_block(Sk, 512), 512)
-    cube_pv = [f"pypto.set_cube_tile_shapes([{tq}, {tq}], [{kk}, {kk}], [{Dv}, {Dv}])"]
+    kk = _aligned(min(_block(Sk, 512), 512))
+    cube_pv = [f"pypto.set_cube_tile_shapes([{am}, {am}], [{kk}, {kk}], [{adv}, {adv}])"]
     p1 = _params(spec, [("scores", (rows, Sk), torch.float32, (B, H, Sq, Sk))])
     scores = tile + cube + head + [
         f"        qb = pypto.view(in_q, [{tq}, {D}], [r0, 0])",
@@ -424,6 +434,7 @@ class AttentionSimulation:
     verified: bool | None = None
     max_abs_err: float | None = None
     error: str | None = None
+    pypto_verdicts: list = dataclasses.field(default_factory=list)  # verify.KernelCheck's
 
     @property
     def speedup(self) -> float | None:
@@ -443,11 +454,13 @@ class AttentionSimulation:
                 "work_speedup": (self.unfused_work / self.fused_work
                                  if self.fused_work and self.unfused_work else None),
                 "unfused_parts": dict(self.unfused_parts), "speedup": self.speedup,
-                "verified": self.verified, "max_abs_err": self.max_abs_err, "error": self.error}
+                "verified": self.verified, "max_abs_err": self.max_abs_err, "error": self.error,
+                "pypto_verdicts": list(self.pypto_verdicts) or None}
 
 
 def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: int = 0,
-                       timeout: float | None = None) -> list[AttentionSimulation]:
+                       timeout: float | None = None, per_pass: bool = False
+                       ) -> list[AttentionSimulation]:
     """Each SDPA call simulated fused (the flash kernel) and unfused (three kernels), and
     the flash kernel run through pypto's interpreter against eager SDPA."""
     from .sim import DEFAULT_TIMEOUT_S, simulate_kernels
@@ -483,19 +496,20 @@ def simulate_attention(specs: list[AttentionSpec], verify: bool = True, seed: in
     if cases:
         from .verify import VerifyUnavailable, verify_kernels
         try:
-            checks = verify_kernels([c for _, c in cases])
+            checks = verify_kernels([c for _, c in cases], per_pass=per_pass)
         except VerifyUnavailable as e:
             for i, _ in cases:
                 sims[i].error = (sims[i].error or "") + f"verify unavailable: {e}"
             return sims
         for (i, _), check in zip(cases, checks):
             sims[i].verified, sims[i].max_abs_err = check.verified, check.max_abs_err
+            sims[i].pypto_verdicts = check.pypto_verdicts
             if check.error:
                 sims[i].error = (sims[i].error or "") + check.error
     return sims
 
 
-def simulate_plan_attention(plan, verify: bool = False) -> list[dict]:
+def simulate_plan_attention(plan, verify: bool = False, per_pass: bool = False) -> list[dict]:
     """Every SDPA call of a FusionPlan's graph (the attention rewrite's extern op): the flash
     kernel simulated fused vs unfused and, with ``verify``, value-checked; a call with no
     kernel here (dropout, dynamic sizes) is listed with its reason. Never raises."""
@@ -509,7 +523,7 @@ def simulate_plan_attention(plan, verify: bool = False) -> list[dict]:
             out.append({"name": node.name, "op": "scaled_dot_product_attention",
                         "error": str(e), "verified": None})
     try:
-        out += [s.to_dict() for s in simulate_attention(calls, verify=verify)]
+        out += [s.to_dict() for s in simulate_attention(calls, verify=verify, per_pass=per_pass)]
     except Exception as e:  # noqa: BLE001 - a report must never fail on the simulator
         out += [{"name": s.name, "op": "scaled_dot_product_attention",
                  "error": f"{type(e).__name__}: {e}", "verified": None} for s in calls]

@@ -11,9 +11,10 @@ search early and keeps the best so far.
 
 Buffering: a tile at buffering ``b`` keeps ``b`` copies of its buffers in UB, so its
 vector tile must fit UB / b (smaller tiles, more tasks that overlap load, compute and
-store). The rule picks ``b`` from the tile's compute/IO ratio (flops per GM byte of the
-ROI model: memory-bound tiles want more buffers in flight); candidates at every ``b``
-in (1, 2, 3) are simulated, and the report says which ``b`` the simulator preferred.
+store); a candidate's ``buffering`` is the number of copies that fit at the vector tile
+it was emitted with. The rule (:func:`rule_buffering`) picks ``b`` from the tile's
+share of the AI cores (the domain over one task per AI core); candidates at every ``b`` in
+(1, 2, 3) are simulated, and the report says which ``b`` the simulator preferred.
 (pypto 0.2.0's own n-buffer pass option, ``vec_nbuffer_setting``, changed no simulated
 cycle in our tries, so the factor is expressed through the tile size.)
 
@@ -45,7 +46,7 @@ from .tiling import vec_footprint, vec_operands
 __all__ = ["Candidate", "TileTuning", "tune_tile", "tune_plan", "rule_buffering",
            "signature", "shape_bucket", "cache_key", "cache_lookup", "DEFAULT_SECONDS"]
 
-TUNER_VERSION = "1"
+TUNER_VERSION = "2"  # 2: candidates labelled by the buffers that fit at their vec tile
 DEFAULT_SECONDS = 120.0  # per plan
 BUFFERINGS = (1, 2, 3)
 
@@ -207,17 +208,43 @@ def cache_store(key: str, entry: dict) -> dict:
 
 # --- candidates ------------------------------------------------------------------------------
 def rule_buffering(tile: FusionTile, graph: TileGraph, hw) -> int:
-    """Buffering from the tile's compute/IO ratio (ROI model flops per GM byte): a
-    memory-bound tile (< 0.5 flop/byte) keeps three tiles in flight, a balanced one
-    (< 4) two, a compute-bound one (matmuls) one."""
-    from ...fusion.roi import CostModel
+    """Buffering from the tile's share of the AI cores: the buffers (1-3) that fit UB at
+    a vector tile of the tile's domain over one task per AI core (domain / 24 elements
+    on A2, rounded up to a power of two; the AI cores are the cube cores, each paired
+    with two vector cores).
 
-    try:
-        k = CostModel(graph, hw).kernel_cost(tile.ops)
-        ratio = k.flops / max(1, k.gm_bytes)
-    except Exception:  # noqa: BLE001 - a tile the cost model cannot cost: the default
+    Why not the compute/IO ratio: in pypto's simulator a kernel's time follows its tasks,
+    not the buffers in flight (pypto 0.2.0's own n-buffer setting changed no cycle).
+    Split finer than about one task per AI core, tasks queue at ~380 cycles each
+    (1024x1024 exp-relu: 64 / 128 / 256 tasks, task spans 24.2k / 47.6k / 99.0k cycles;
+    256x1024 add-mul-relu: 16 tasks 17,423 work cycles, 32 tasks 19,857); split coarser,
+    cores idle (256x256 add-sigmoid: 4 / 8 / 16 tasks, 14,739 / 13,744 / 13,254). Small
+    domains fit three buffers whatever the split. Agreement with the simulator's fastest
+    candidates: docs/autotune_gains.md (tasks per kernel of 16-24 fit best; 48, one per
+    vector core, and the ratio rule far less)."""
+    operands = vec_operands(tile)
+    details = dict(getattr(hw, "details", ()) or ())
+    cores = int(details.get("cube_cores") or max(1, int(getattr(hw, "cores", 2) or 2) // 2))
+    domain = _domain_elems(tile, graph)
+    if domain is None:
         return 2
-    return 3 if ratio < 0.5 else 2 if ratio < 4.0 else 1
+    per_task = 1 << max(0, (-(-domain // max(1, cores)) - 1).bit_length())
+    fp = vec_footprint((per_task,), operands)
+    return max([b for b in BUFFERINGS if fp * b <= int(hw.vector_capacity_bytes)] or [1])
+
+
+def _domain_elems(tile: FusionTile, graph: TileGraph) -> int | None:
+    """Elements of the tile's largest output (its iteration domain); None if symbolic."""
+    best = None
+    for v in tile.outputs:
+        n = 1
+        try:
+            for d in graph.specs[v].shape:
+                n *= int(d)
+        except (TypeError, ValueError, KeyError):
+            return None
+        best = n if best is None else max(best, n)
+    return best
 
 
 def _pow2_floor(n: int) -> int:
@@ -335,8 +362,10 @@ def tune_tiles(tiles: list[FusionTile], graph: TileGraph, hw, seconds: float = D
                 continue
             c.vec_tile = tuple(k.vec_tile) if k.vec_tile else None
             c.cube_tile = tuple(tuple(x) for x in k.cube_tile) if k.cube_tile else None
-            if c.rule:  # the planner's tile: as many buffers as fit UB at its vector tile
-                c.buffering = fitted_buffering(c.vec_tile, vec_operands(tile), hw)
+            # every candidate is labelled with the buffers that fit UB at the vector tile
+            # it was emitted with (the emitter clamps a shape to the domain, so a tile
+            # asked for at buffering 1 may well fit three)
+            c.buffering = fitted_buffering(c.vec_tile, vec_operands(tile), hw)
             # shapes the emitter clamps to a kernel already queued are not timed twice
             if any(c.vec_tile == o.vec_tile and c.cube_tile == o.cube_tile
                    for o, _ in cands):

@@ -35,6 +35,7 @@ class Writer(Protocol):
     dtype: dict[str, torch.dtype]  # value -> dtype in the kernel
     shape: dict[str, tuple[int, ...]]  # value -> kernel shape
     lines: list[str]  # the kernel body so far
+    row_means: dict  # (operand, dim) -> its row mean (ops._mean_of)
 
     def tmp(self, expr: str, hint: str = "t") -> str:
         """Append ``<new name> = expr``; returns the name."""
@@ -574,10 +575,21 @@ def _layout(em: Writer, op: TileOp):
 def _cast(em: Writer, op: TileOp):
     (x,) = [em.arg(a, op) for a in op.args]
     target = op.attrs["dtype"]
+    src = em.dtype[op.args[0]]
     if target.is_floating_point:  # floats live in the compute dtype inside the kernel
-        if em.dtype[op.args[0]] == em.compute:
+        if src == em.compute:
             return x, em.compute
         return em.tmp(f"pypto.cast({x}, {em.dt(em.compute)})"), em.compute
+    if target == torch.bool and src != torch.bool:
+        # torch: any nonzero is True; pypto's cast rounds first (0.3 -> False). Integers are
+        # compared in fp32 (pypto's compare takes no integer scalar; no nonzero int is 0.0)
+        if not src.is_floating_point:
+            x = em.tmp(f"pypto.cast({x}, {em.dt(torch.float32)})")
+        return em.tmp(f"pypto.ne({x}, 0.0)"), torch.bool
+    if src.is_floating_point:
+        # torch truncates toward zero; pypto's default cast rounds to nearest (found by the
+        # interpreter: (x * 10).to(int32) was off by one in half of its elements)
+        return em.tmp(f"pypto.cast({x}, {em.dt(target)}, pypto.CastMode.CAST_TRUNC)"), target
     return em.tmp(f"pypto.cast({x}, {em.dt(target)})"), target
 
 
@@ -644,7 +656,25 @@ register("amin")(_reduction("amin"))
 
 
 def _mean_of(em: Writer, x: str, dim: int, n: int) -> str:
-    return em.tmp(f"pypto.mul(pypto.sum({x}, {dim}, True), {1.0 / n!r})")
+    """The row mean of ``x``, computed once per kernel (var and mean of one tile share it).
+
+    var_mean's mean carries ``acc_dtype`` (eager accumulates it in double, which the NPU
+    does not have): in a tile with such a mean it is the sum of x/n, finite wherever the
+    mean is (|sum x/n| <= max |x|), where the sum of x overflows near the float max; under
+    the strict fp16 policy that sum runs in fp32. Otherwise the sum of x times 1/n."""
+    key = (x, dim)
+    if key not in em.row_means:
+        wide = any(op.op == "mean" and op.attrs.get("acc_dtype") is not None
+                   for op in em.tile.ops)
+        if not wide:
+            em.row_means[key] = em.tmp(f"pypto.mul(pypto.sum({x}, {dim}, True), {1.0 / n!r})")
+        elif em.compute == torch.float32:
+            em.row_means[key] = em.tmp(f"pypto.sum(pypto.mul({x}, {1.0 / n!r}), {dim}, True)")
+        else:
+            x32 = em.tmp(f"pypto.cast({x}, {em.dt(torch.float32)})")
+            m = em.tmp(f"pypto.sum(pypto.mul({x32}, {1.0 / n!r}), {dim}, True)")
+            em.row_means[key] = em.tmp(f"pypto.cast({m}, {em.dt(em.compute)})")
+    return em.row_means[key]
 
 
 @register("mean")

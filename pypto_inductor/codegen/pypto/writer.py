@@ -51,6 +51,7 @@ class KernelWriter:
         self.dtype: dict[str, torch.dtype] = {}  # value -> dtype in the kernel
         self.shape: dict[str, tuple[int, ...]] = {}  # value -> kernel shape
         self._n = 0
+        self.row_means: dict[tuple[str, int], str] = {}  # (operand, dim) -> its row mean
         self._used: set[str] = set()  # parameter names
         self._input_idents: set[str] = set()  # kernel names of the loaded inputs
         self._expand: dict[str, tuple[int, ...]] = {}  # inputs the launcher expands first
