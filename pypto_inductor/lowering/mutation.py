@@ -54,8 +54,8 @@ def lower_copy_(ctx, dst, src, non_blocking=False):
 def lower_copy(ctx, x, src, non_blocking=False):
     """copy(x, src): src broadcast to x's shape and cast to its dtype, a new tensor."""
     out = ctx.out_spec
-    from .graph import _escapes  # graph imports the lowerings
-    if _escapes(ctx.node) and tuple(out.stride) != tuple(contiguous_strides(out.shape)):
+    from .graph import escapes  # graph imports the lowerings
+    if escapes(ctx.node) and tuple(out.stride) != tuple(contiguous_strides(out.shape)):
         # eager's copy keeps x's strides; a returned view of it (x.copy_(y); return
         # x.expand(...)) is an alias of the input x, which AOTAutograd regenerates as
         # x.as_strided(<this result's sizes and strides>) when it cannot replay the
