@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..ir import FusionTile, OpKind, TileGraph, TileOp, gemm_bias_add
+from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, TileOp, gemm_bias_add
 from ..sizes import contains_symbol, is_symbolic, resolve_static, size_function
 from . import Kernel, build_each
 
@@ -225,6 +225,17 @@ def check_available() -> None:
     """The reference target runs wherever torch does."""
 
 
+def _in_strides(t, stride: tuple):
+    """``t``, or a copy of it in ``stride`` where a dim of more than one element differs."""
+    if not isinstance(t, torch.Tensor) or len(stride) != t.dim() or all(
+            n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
+        return t
+    if any(n > 1 and b == 0 for n, b in zip(t.shape, stride)):  # an expand's: no copy
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 def build(tile: FusionTile, graph: TileGraph) -> Kernel:
     """kernel(inputs, syms) -> outputs, running the tile's ops one by one with torch."""
     symbols = graph.symbols
@@ -258,13 +269,26 @@ def build(tile: FusionTile, graph: TileGraph) -> Kernel:
         slots[op.name] = len(slots)
         program.append((op_runner(op, symbols), operands))
     out_slots = [slots[n] for n in tile.outputs]
+    # Each output in the strides the graph declares (FakeTensor's), as a native kernel's
+    # contiguous outputs are: torch's op may lay its result out otherwise (copysign of a
+    # transposed input follows the input where the dynamic-shape trace says contiguous),
+    # and AOTAutograd regenerates an output's aliases with as_strided on those strides
+    # (fuzz seed 32653: a flattened view of such an output read the wrong elements).
+    strides = [size_function(graph.specs[n].stride, symbols)
+               if isinstance(graph.specs.get(n), TensorSpec) else None for n in tile.outputs]
+    written = {op.name for op in tile.ops if op.op == "copy_"}  # in place: the input itself
+    restride = [(j, f) for j, (n, f) in enumerate(zip(tile.outputs, strides))
+                if f is not None and n not in written]
 
     def kernel(inputs: list, syms: tuple) -> list:
         env = list(inputs)
         for run, operands in program:
             vals = [env[x] if k == 0 else (x(syms) if k == 1 else x) for k, x in operands]
             env.append(run(vals, syms))
-        return [env[i] for i in out_slots]
+        outs = [env[i] for i in out_slots]
+        for j, f in restride:
+            outs[j] = _in_strides(outs[j], f(syms))
+        return outs
 
     return Kernel(kernel)
 

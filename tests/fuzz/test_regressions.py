@@ -300,3 +300,24 @@ def test_mean_whose_float_sum_overflows_in_our_order(target):
     _compile(f, target, dynamic=True)(xc).sum().backward()
     f(xe).sum().backward()
     assert_close(xc.grad, xe.grad, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_alias_of_an_output_laid_out_unlike_its_trace(target, dynamic):
+    """Seed 32653: copysign of a transposed input runs in the reference executor, which
+    laid its result out as eager does (transposed) where the dynamic-shape trace says
+    contiguous; AOTAutograd regenerates the output's flattened alias with as_strided on
+    the traced strides, so it read the elements in the wrong order."""
+    def fn(x, s):
+        v = torch.tan(torch.copysign(x, s))
+        return v.expand_as(x).flatten(0, 1), v
+
+    for shape in ((32, 3), (8, 64)):
+        x = torch.randn(shape[::-1]).t().requires_grad_(True)
+        s = torch.randn(shape[0], 1)
+        got, want = _compile(fn, target, dynamic)(x, s), fn(x, s)
+        for g, w in zip(got, want):
+            assert_close(g, w)
+        g = [torch.randn_like(w) for w in want]
+        assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
