@@ -321,3 +321,18 @@ def test_alias_of_an_output_laid_out_unlike_its_trace(target, dynamic):
             assert_close(g, w)
         g = [torch.randn_like(w) for w in want]
         assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bounds", [dict(max=-1), dict(min=2), dict(min=-3, max=5),
+                                    dict(min=0.5), dict(max=7)])
+def test_clamp_of_bool_promotes_with_its_bounds(target, bounds):
+    """Seeds 30687, 31028: clamp(bool, max=-1) is -1 in int64 (the bounds promote), but
+    the cpu kernel clamped in bool, giving 0/1."""
+    fn = lambda x: torch.clamp(x.to(torch.bool), **bounds)  # noqa: E731
+    cmp = lambda x: torch.clamp(x == 0, **bounds) + 1  # noqa: E731
+    x = torch.randn(11, 32) * (torch.rand(11, 32) < 0.5)
+    for f in (fn, cmp):
+        got, want = _compile(f, target)(x), f(x)
+        assert got.dtype == want.dtype
+        assert_close(got, want, rtol=0, atol=0)
