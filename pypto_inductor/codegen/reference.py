@@ -134,22 +134,36 @@ _BINARY = ["add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "
            "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
            "bitwise_xor", "atan2", "remainder", "fmod", "copysign", "fmax", "fmin", "hypot"]
 
+_NUMBER_OPS = frozenset(_UNARY + _BINARY)
+
 # Binary ops with no Scalar overload for their second operand.
 _TENSOR_ONLY = {"maximum", "minimum", "atan2", "fmax", "fmin", "hypot", "logical_and",
                 "logical_or", "logical_xor"}
 
 
-def _number_operands(name: str):
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _number_operands(name: str, out_dtype: torch.dtype | None = None):
     """aten.<name> taking a Python number (a folded 0-d constant) where it has no Scalar
     overload (a unary op's operand, a binary op's first operand, or _TENSOR_ONLY) as a
-    0-d tensor, which type promotion treats alike."""
+    0-d tensor. A plain 0-d tensor takes part in type promotion as a tensor, not as the
+    number it stands for (-1.5 - a 0-d bfloat16 tensor is bfloat16; torch.tensor(-1.5)
+    minus it is float32: fuzz seed 30738), so the number becomes a tensor of the dtype
+    eager computes the op in (the result's ``out_dtype``, float32 for a half type) and
+    the result is rounded to ``out_dtype`` once, as eager's opmath; a bool result (a
+    comparison) keeps torch's default dtype for the number."""
     fn = getattr(aten, name)
     wrap = range(2) if name in _TENSOR_ONLY else range(1)
+    cast = out_dtype is not None and out_dtype != torch.bool
+    compute = _OPMATH.get(out_dtype, out_dtype) if cast else None
 
     def run(*args):
         if any(isinstance(args[i], (bool, int, float)) for i in wrap if i < len(args)):
-            args = [torch.tensor(a) if i in wrap and isinstance(a, (bool, int, float)) else a
-                    for i, a in enumerate(args)]
+            args = [torch.tensor(a, dtype=compute) if i in wrap and isinstance(a, (bool, int, float))
+                    else a for i, a in enumerate(args)]
+            out = fn(*args)
+            return out.to(out_dtype) if cast and out.dtype != out_dtype else out
         return fn(*args)
     return run
 
@@ -202,7 +216,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
 
 def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
     """f(operand_values, syms) -> result for one tile op; sizes resolved per call."""
-    fn = REFERENCE[op.op]
+    fn = _number_operands(op.op, op.out.dtype) if op.op in _NUMBER_OPS else REFERENCE[op.op]
     attrs = dict(op.attrs)
     if op.op in ("full", "gather"):
         attrs["shape"] = op.out.shape

@@ -336,3 +336,22 @@ def test_clamp_of_bool_promotes_with_its_bounds(target, bounds):
         got, want = _compile(f, target)(x), f(x)
         assert got.dtype == want.dtype
         assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_number_first_operand_of_a_0d_tensor_keeps_its_dtype(target, dtype):
+    """Seeds 30738, 31802, 32235: ``-1.5 - x.mean()`` of bfloat16 is bfloat16, but the
+    reference executor made -1.5 a float32 0-d tensor, which promoted the 0-d result to
+    float32 (the cpu target runs that executor for tiles it has no native form for)."""
+    x = torch.randn(17, 9) * 4
+    if dtype.is_floating_point:
+        fns = [lambda x: -1.5 - x.mean(), lambda x: 3 - x.sum(), lambda x: 2 ** x[0, 0],
+               lambda x: 0.1 - x.amax()]
+    else:
+        fns = [lambda x: 3 - x.sum(), lambda x: 2 ** x[0, 0].abs()]
+    x = x.to(dtype)
+    for fn in fns:
+        got, want = _compile(fn, target)(x), fn(x)
+        assert got.dtype == want.dtype
+        assert_close(got, want)
