@@ -355,3 +355,24 @@ def test_number_first_operand_of_a_0d_tensor_keeps_its_dtype(target, dtype):
         got, want = _compile(fn, target)(x), fn(x)
         assert got.dtype == want.dtype
         assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_linear_relu_keeps_nan(dtype, inplace):
+    """Seed 30644: F.linear(...).relu_() gave 0 where the product is NaN: oneDNN's relu
+    post-op maps NaN to 0, eager's relu keeps it."""
+    def fn(x, w, b):
+        y = F.linear(x, w, b)
+        return y.relu_() if inplace else torch.relu(y)
+
+    x, w, b = torch.randn(31, 11, 16), torch.randn(8, 16), torch.randn(8)
+    x.view(-1)[torch.randperm(x.numel())[:40]] = float("nan")
+    x[0, 0, 0], w[1, 3], b[2] = float("inf"), float("-inf"), float("nan")
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    with torch.no_grad():
+        got = _compile(fn, "cpu")(x, w, b)
+    want = fn(x, w, b)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert_close(got, want, equal_nan=True, **({} if dtype == torch.float32 else
+                                               dict(rtol=2e-2, atol=2e-2)))
