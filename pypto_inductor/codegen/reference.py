@@ -158,13 +158,13 @@ def _number_operands(name: str, out_dtype: torch.dtype | None = None):
     cast = out_dtype is not None and out_dtype != torch.bool
     compute = _OPMATH.get(out_dtype, out_dtype) if cast else None
 
-    def run(*args):
+    def run(*args, **kwargs):  # kwargs: add/sub's alpha
         if any(isinstance(args[i], (bool, int, float)) for i in wrap if i < len(args)):
             args = [torch.tensor(a, dtype=compute) if i in wrap and isinstance(a, (bool, int, float))
                     else a for i, a in enumerate(args)]
-            out = fn(*args)
+            out = fn(*args, **kwargs)
             return out.to(out_dtype) if cast and out.dtype != out_dtype else out
-        return fn(*args)
+        return fn(*args, **kwargs)
     return run
 
 

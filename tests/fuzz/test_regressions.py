@@ -376,3 +376,26 @@ def test_linear_relu_keeps_nan(dtype, inplace):
     assert torch.equal(got.isnan(), want.isnan())
     assert_close(got, want, equal_nan=True, **({} if dtype == torch.float32 else
                                                dict(rtol=2e-2, atol=2e-2)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_add_sub_alpha_is_one_fma(target, dtype):
+    """Seeds 21960, 30010: ``x.sub_(y, alpha=2)`` near the float max: eager's CPU add
+    kernel computes a - alpha * b as one fused multiply-add (3e38 - 2 * 2e38 = -1e38),
+    the lowering's mul then sub overflowed 2 * b to inf first (NaN or -inf)."""
+    big = torch.finfo(dtype).max
+    a = torch.randn(5, 5, 128, dtype=torch.float64) * big / 4
+    b = torch.randn(1, 128, dtype=torch.float64) * big / 3
+    a, b = a.to(dtype), b.to(dtype)
+    fns = [lambda a, b: a.sub(b, alpha=2), lambda a, b: torch.add(a, b, alpha=-3),
+           lambda a, b: torch.add(a, b, alpha=0.3), lambda a, b: torch.rsub(b, a, alpha=2),
+           lambda a, b: a.clone().sub_(b, alpha=2), lambda a, b: torch.add(1.5, b, alpha=2)]
+    for fn in fns:
+        got, want = _compile(fn, target)(a, b), fn(a, b)
+        assert torch.equal(got.isfinite(), want.isfinite())
+        assert_close(got, want, equal_nan=True)
+    small = (torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64))
+    small = [t.to(dtype) for t in small]
+    for fn in fns:  # ordinary values: one rounding, as eager
+        assert_close(_compile(fn, target)(*small), fn(*small))
