@@ -399,3 +399,24 @@ def test_add_sub_alpha_is_one_fma(target, dtype):
     small = [t.to(dtype) for t in small]
     for fn in fns:  # ordinary values: one rounding, as eager
         assert_close(_compile(fn, target)(*small), fn(*small))
+
+
+def test_column_reduction_of_a_size_expression_under_dynamic():
+    """Seed 31475: the mean's backward divides by s4 * s4 inside a column-sum kernel whose
+    narrow path named the accumulator of node 4 ``s4``, shadowing the size symbol: at a
+    size with fewer than 8 kept elements the divisor was 0 and the gradient inf."""
+    def fn(x0, x4):  # the seed's program (the symbol, s4, is named by the trace)
+        v0 = torch.log_softmax(x0, dim=2)
+        v2 = torch.copysign(v0, torch.sum(x0, dim=(-3, 1), dtype=torch.float32))
+        return torch.where(v2 > 0, v2, x4).mean(dim=(0, 2), keepdim=True)
+
+    compiled = _compile(fn, "cpu", dynamic=True)
+    for n in (17, 6, 3):
+        x = torch.randn(n, n, n, requires_grad=True)
+        w = torch.randn(n, n, requires_grad=True)
+        g = torch.randn(1, n, 1)
+        got = torch.autograd.grad(compiled(x, w), (x, w), g)
+        want = torch.autograd.grad(fn(x, w), (x, w), g)
+        for a, b in zip(got, want):
+            assert_close(a, b)
+
