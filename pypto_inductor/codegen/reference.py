@@ -174,7 +174,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "div": lambda a, b, rounding_mode=None: aten.div(a, b, rounding_mode=rounding_mode)
     if rounding_mode else aten.div(a, b),
     "silu": F.silu, "mish": F.mish, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
-    "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+    "gelu": lambda x, approximate, strided=False: F.gelu(x, approximate=approximate),
     "leaky_relu": lambda x, negative_slope: F.leaky_relu(x, negative_slope),
     "softplus": lambda x, beta, threshold: F.softplus(x, beta, threshold),
     "elu": lambda x, alpha, scale, input_scale: aten.elu(x, alpha, scale, input_scale),

@@ -172,7 +172,23 @@ def _scaled(ctx, x, alpha):
 
 @register_lowering(aten.gelu)
 def lower_gelu(ctx, x, approximate="none"):
+    """``strided``: eager's GELU takes oneDNN (NaN at +inf) only for a contiguous input
+    (ATen's ``use_mkldnn``), ATen's kernel (inf) for a transposed or strided one (fuzz
+    seed 30481); the input's traced strides say which."""
+    spec = ctx.spec(x) if isinstance(x, str) else None
+    if spec is not None and not _is_contiguous(spec):
+        return ctx.pointwise("gelu", (x,), approximate=approximate, strided=True)
     return ctx.pointwise("gelu", (x,), approximate=approximate)
+
+
+def _is_contiguous(spec) -> bool:
+    """torch's is_contiguous() of a spec: row-major strides, size-1 dims' strides aside."""
+    expected = sympy.Integer(1)
+    for size, stride in zip(reversed(spec.shape), reversed(spec.stride)):
+        if size != 1 and sympy.simplify(stride - expected) != 0:
+            return False
+        expected = expected * size
+    return True
 
 
 @register_lowering(aten.leaky_relu)

@@ -420,3 +420,22 @@ def test_column_reduction_of_a_size_expression_under_dynamic():
         for a, b in zip(got, want):
             assert_close(a, b)
 
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_of_a_transposed_input_at_inf(target, dynamic, dtype):
+    """Seed 30481: eager's GELU takes oneDNN (NaN at +inf) only for a contiguous input;
+    for a transposed one it is ATen's kernel (inf at +inf, max stays finite), which the
+    cpu kernel did not follow."""
+    big = torch.finfo(dtype).max
+    compiled = _compile(F.gelu, target, dynamic)
+    for shape in ((31, 24, 16), (33, 11, 17)):
+        x = torch.randn(shape)
+        x.view(-1)[::7] = float("inf")
+        x.view(-1)[3::11] = big
+        x.view(-1)[5::13] = float("-inf")
+        x = x.to(dtype).transpose(0, 2)
+        assert_close(compiled(x), F.gelu(x), equal_nan=True)
+        y = x.contiguous()
+        assert_close(_compile(F.gelu, target, dynamic)(y), F.gelu(y), equal_nan=True)

@@ -153,7 +153,7 @@ def _gelu(a, n):
         return f"pi_gelu_tanh({a[0]})"
     # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's (inf);
     # eager takes oneDNN only for more than one element (a 0-d or 1-element gelu is ATen's)
-    if n.attrs["common"] == torch.float16:
+    if n.attrs["common"] == torch.float16 or n.attrs.get("strided"):  # strided: ATen's too
         return f"pi_gelu({a[0]}, false)"
     numel = sympy.sympify(sympy.Mul(*n.shape)) if n.shape is not None else sympy.Integer(2)
     if numel.is_number:
