@@ -33,7 +33,6 @@ EPILOGUES = {
     "gelu": (lambda y: F.gelu(y), "gelu"),
     "gelu_tanh": (lambda y: F.gelu(y, approximate="tanh"), "gelu"),
     "silu": (F.silu, "swish"),
-    "relu": (F.relu, "relu"),
     "sigmoid": (torch.sigmoid, "sigmoid"),
     "tanh": (torch.tanh, "tanh"),
 }

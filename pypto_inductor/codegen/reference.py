@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..ir import FusionTile, OpKind, TileGraph, TileOp, gemm_bias_add
+from ..ir import FusionTile, OpKind, TensorSpec, TileGraph, TileOp, gemm_bias_add
 from ..sizes import contains_symbol, is_symbolic, resolve_static, size_function
 from . import Kernel, build_each
 
@@ -134,23 +134,37 @@ _BINARY = ["add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "
            "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
            "bitwise_xor", "atan2", "remainder", "fmod", "copysign", "fmax", "fmin", "hypot"]
 
+_NUMBER_OPS = frozenset(_UNARY + _BINARY)
+
 # Binary ops with no Scalar overload for their second operand.
 _TENSOR_ONLY = {"maximum", "minimum", "atan2", "fmax", "fmin", "hypot", "logical_and",
                 "logical_or", "logical_xor"}
 
 
-def _number_operands(name: str):
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _number_operands(name: str, out_dtype: torch.dtype | None = None):
     """aten.<name> taking a Python number (a folded 0-d constant) where it has no Scalar
     overload (a unary op's operand, a binary op's first operand, or _TENSOR_ONLY) as a
-    0-d tensor, which type promotion treats alike."""
+    0-d tensor. A plain 0-d tensor takes part in type promotion as a tensor, not as the
+    number it stands for (-1.5 - a 0-d bfloat16 tensor is bfloat16; torch.tensor(-1.5)
+    minus it is float32: fuzz seed 30738), so the number becomes a tensor of the dtype
+    eager computes the op in (the result's ``out_dtype``, float32 for a half type) and
+    the result is rounded to ``out_dtype`` once, as eager's opmath; a bool result (a
+    comparison) keeps torch's default dtype for the number."""
     fn = getattr(aten, name)
     wrap = range(2) if name in _TENSOR_ONLY else range(1)
+    cast = out_dtype is not None and out_dtype != torch.bool
+    compute = _OPMATH.get(out_dtype, out_dtype) if cast else None
 
-    def run(*args):
+    def run(*args, **kwargs):  # kwargs: add/sub's alpha
         if any(isinstance(args[i], (bool, int, float)) for i in wrap if i < len(args)):
-            args = [torch.tensor(a) if i in wrap and isinstance(a, (bool, int, float)) else a
-                    for i, a in enumerate(args)]
-        return fn(*args)
+            args = [torch.tensor(a, dtype=compute) if i in wrap and isinstance(a, (bool, int, float))
+                    else a for i, a in enumerate(args)]
+            out = fn(*args, **kwargs)
+            return out.to(out_dtype) if cast and out.dtype != out_dtype else out
+        return fn(*args, **kwargs)
     return run
 
 
@@ -160,7 +174,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
     "div": lambda a, b, rounding_mode=None: aten.div(a, b, rounding_mode=rounding_mode)
     if rounding_mode else aten.div(a, b),
     "silu": F.silu, "mish": F.mish, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
-    "gelu": lambda x, approximate: F.gelu(x, approximate=approximate),
+    "gelu": lambda x, approximate, strided=False: F.gelu(x, approximate=approximate),
     "leaky_relu": lambda x, negative_slope: F.leaky_relu(x, negative_slope),
     "softplus": lambda x, beta, threshold: F.softplus(x, beta, threshold),
     "elu": lambda x, alpha, scale, input_scale: aten.elu(x, alpha, scale, input_scale),
@@ -202,7 +216,7 @@ REFERENCE: dict[str, Callable[..., Any]] = {
 
 def op_runner(op: TileOp, symbols) -> Callable[[list, tuple], Any]:
     """f(operand_values, syms) -> result for one tile op; sizes resolved per call."""
-    fn = REFERENCE[op.op]
+    fn = _number_operands(op.op, op.out.dtype) if op.op in _NUMBER_OPS else REFERENCE[op.op]
     attrs = dict(op.attrs)
     if op.op in ("full", "gather"):
         attrs["shape"] = op.out.shape
@@ -223,6 +237,17 @@ DEVICES = None  # torch runs the ops on any device
 
 def check_available() -> None:
     """The reference target runs wherever torch does."""
+
+
+def _in_strides(t, stride: tuple):
+    """``t``, or a copy of it in ``stride`` where a dim of more than one element differs."""
+    if not isinstance(t, torch.Tensor) or len(stride) != t.dim() or all(
+            n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
+        return t
+    if any(n > 1 and b == 0 for n, b in zip(t.shape, stride)):  # an expand's: no copy
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def build(tile: FusionTile, graph: TileGraph) -> Kernel:
@@ -258,13 +283,26 @@ def build(tile: FusionTile, graph: TileGraph) -> Kernel:
         slots[op.name] = len(slots)
         program.append((op_runner(op, symbols), operands))
     out_slots = [slots[n] for n in tile.outputs]
+    # Each output in the strides the graph declares (FakeTensor's), as a native kernel's
+    # contiguous outputs are: torch's op may lay its result out otherwise (copysign of a
+    # transposed input follows the input where the dynamic-shape trace says contiguous),
+    # and AOTAutograd regenerates an output's aliases with as_strided on those strides
+    # (fuzz seed 32653: a flattened view of such an output read the wrong elements).
+    strides = [size_function(graph.specs[n].stride, symbols)
+               if isinstance(graph.specs.get(n), TensorSpec) else None for n in tile.outputs]
+    written = {op.name for op in tile.ops if op.op == "copy_"}  # in place: the input itself
+    restride = [(j, f) for j, (n, f) in enumerate(zip(tile.outputs, strides))
+                if f is not None and n not in written]
 
     def kernel(inputs: list, syms: tuple) -> list:
         env = list(inputs)
         for run, operands in program:
             vals = [env[x] if k == 0 else (x(syms) if k == 1 else x) for k, x in operands]
             env.append(run(vals, syms))
-        return [env[i] for i in out_slots]
+        outs = [env[i] for i in out_slots]
+        for j, f in restride:
+            outs[j] = _in_strides(outs[j], f(syms))
+        return outs
 
     return Kernel(kernel)
 

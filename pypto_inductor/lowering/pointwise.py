@@ -131,14 +131,25 @@ def lower_round_decimals(ctx, x, *, decimals=0):
 @folded
 def lower_add_sub(ctx, a, b, alpha=1):
     op = ctx.aten_name  # "add" or "sub"
-    return ctx.pointwise(op, (a, _scaled(ctx, b, alpha)))
+    return _add_scaled(ctx, op, a, b, alpha)
 
 
 @register_lowering(aten.rsub)
 @folded
 def lower_rsub(ctx, a, b, alpha=1):
     """rsub(a, b, alpha) = b - alpha * a."""
-    return ctx.pointwise("sub", (b, _scaled(ctx, a, alpha)))
+    return _add_scaled(ctx, "sub", b, a, alpha)
+
+
+def _add_scaled(ctx, op, a, b, alpha):
+    """a + alpha * b (or -): in floating point one add/sub with an ``alpha`` attribute,
+    which the targets compute as one fused multiply-add, as eager's CPU add does
+    (``vec::fmadd``): ``3e38 - 2 * 2e38`` is -1e38 there, inf - inf = NaN after a
+    rounded product (fuzz seeds 21960, 30010)."""
+    if alpha != 1 and isinstance(b, str) and ctx.out_spec.dtype.is_floating_point \
+            and ctx.spec(b).dtype != torch.bool:
+        return ctx.pointwise(op, (a, _cast(ctx, b, ctx.out_spec.dtype)), alpha=alpha)
+    return ctx.pointwise(op, (a, _scaled(ctx, b, alpha)))
 
 
 def _scaled(ctx, x, alpha):
@@ -161,7 +172,23 @@ def _scaled(ctx, x, alpha):
 
 @register_lowering(aten.gelu)
 def lower_gelu(ctx, x, approximate="none"):
+    """``strided``: eager's GELU takes oneDNN (NaN at +inf) only for a contiguous input
+    (ATen's ``use_mkldnn``), ATen's kernel (inf) for a transposed or strided one (fuzz
+    seed 30481); the input's traced strides say which."""
+    spec = ctx.spec(x) if isinstance(x, str) else None
+    if spec is not None and not _is_contiguous(spec):
+        return ctx.pointwise("gelu", (x,), approximate=approximate, strided=True)
     return ctx.pointwise("gelu", (x,), approximate=approximate)
+
+
+def _is_contiguous(spec) -> bool:
+    """torch's is_contiguous() of a spec: row-major strides, size-1 dims' strides aside."""
+    expected = sympy.Integer(1)
+    for size, stride in zip(reversed(spec.shape), reversed(spec.stride)):
+        if size != 1 and sympy.simplify(stride - expected) != 0:
+            return False
+        expected = expected * size
+    return True
 
 
 @register_lowering(aten.leaky_relu)

@@ -176,10 +176,12 @@ def inputs_for(case: dict, variant: int, mode: str = "eager") -> list[torch.Tens
     return [make_input(s, variant, case["seed"], mode) for s in case["inputs"]]
 
 
-def run(fn, inputs, case: dict, variant: int, grad_dtypes=None) -> dict:
+def run(fn, inputs, case: dict, variant: int, grad_dtypes=None, nudge: bool = False) -> dict:
     """Outputs of ``fn(*inputs)``, the inputs after the call (in-place ops), and with
     ``case["backward"]`` the gradients of the outputs against seeded grad_outputs.
-    ``grad_dtypes`` rounds grad_outputs through eager's output dtypes (for the f64 run)."""
+    ``grad_dtypes`` rounds grad_outputs through eager's output dtypes (for the f64 run);
+    ``nudge`` moves the grad_outputs by a few ulps, as the nudged run's inputs (they are
+    the backward's inputs: a gradient summing them with cancellation moves as much)."""
     leaves = [x.requires_grad_() if case["backward"] and x.is_floating_point() else x
               for x in inputs]
     outs = fn(*leaves)
@@ -194,6 +196,10 @@ def run(fn, inputs, case: dict, variant: int, grad_dtypes=None) -> dict:
         if o.requires_grad:
             go = torch.randn(o.shape, generator=g, dtype=torch.float64)
             go = go.to(grad_dtypes[i] if grad_dtypes else o.dtype).to(o.dtype)
+            if nudge and go.is_floating_point():
+                u = torch.rand(go.shape, generator=g, dtype=torch.float64) * 2 - 1
+                eps = torch.finfo(go.dtype).eps * NUDGE_ULPS
+                go = (go.double() * (1 + u * eps)).to(go.dtype)
             diff.append(o)
             grads_out.append(go)
     wrt = [x for x in leaves if x.requires_grad]
@@ -282,7 +288,8 @@ def reference(case: dict, variant: int) -> dict:
                       grad_dtypes=eager["dtypes"])
         finally:
             torch.set_default_dtype(default)
-        nudged = run(load(case["source"]), inputs_for(case, variant, "nudge"), case, variant)
+        nudged = run(load(case["source"]), inputs_for(case, variant, "nudge"), case, variant,
+                     nudge=True)
         with _Reround():  # apart from the nudge: two random moves could cancel
             rerounded = run(load(case["source"]), inputs_for(case, variant), case, variant)
     return {"eager": eager, "f64": f64, "nudged": nudged, "rerounded": rerounded, "eps": eps}

@@ -273,3 +273,30 @@ def test_shared_compile_checks_every_target(dynamic, monkeypatch):
             monkeypatch.setattr(backend, "compile_graph", faulty)
             assert not check_shared(program, ["cpu", "reference"], dynamic, {}), (target, kind)
     monkeypatch.setattr(backend, "compile_graph", real)
+
+
+def _backward_shifted(by: float):
+    """A backend whose backward graphs add ``by`` to every floating gradient."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def fw(gm, example_inputs):
+        return gm.forward
+
+    def bw(gm, example_inputs):
+        def run(*args):
+            return [o + by if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                    for o in gm(*args)]
+        return run
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw)
+
+
+def test_nudged_grad_outputs_still_flag_a_wrong_gradient():
+    """The nudged run moves the grad_outputs too (a gradient summing them with
+    cancellation moves by their ulps as by the inputs'); a gradient 1e-3 off still fails."""
+    case = dict(_case("def fn(x0):\n    return (torch.tanh(x0).expand(5, -1, -1),)\n"),
+                backward=True)
+    ref = check.reference(case, 0)
+    assert not torch.equal(ref["nudged"]["gradients"][0], ref["eager"]["gradients"][0])
+    assert check.check(case, backend=_backward_shifted(0.0)) == []
+    found = check.check(case, backend=_backward_shifted(1e-3))
+    assert found and "gradients" in found[0]["message"]

@@ -365,3 +365,159 @@ def test_view_of_an_input_written_by_copy_(target, dynamic):
         xc, xe = strided(x.clone()), strided(x.clone())
         assert_close(compiled(xc, y), fn(xe, y))
         assert_close(xc, xe)
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_alias_of_an_output_laid_out_unlike_its_trace(target, dynamic):
+    """Seed 32653: copysign of a transposed input runs in the reference executor, which
+    laid its result out as eager does (transposed) where the dynamic-shape trace says
+    contiguous; AOTAutograd regenerates the output's flattened alias with as_strided on
+    the traced strides, so it read the elements in the wrong order."""
+    def fn(x, s):
+        v = torch.tan(torch.copysign(x, s))
+        return v.expand_as(x).flatten(0, 1), v
+
+    for shape in ((32, 3), (8, 64)):
+        x = torch.randn(shape[::-1]).t().requires_grad_(True)
+        s = torch.randn(shape[0], 1)
+        got, want = _compile(fn, target, dynamic)(x, s), fn(x, s)
+        for g, w in zip(got, want):
+            assert_close(g, w)
+        g = [torch.randn_like(w) for w in want]
+        assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("bounds", [dict(max=-1), dict(min=2), dict(min=-3, max=5),
+                                    dict(min=0.5), dict(max=7)])
+def test_clamp_of_bool_promotes_with_its_bounds(target, bounds):
+    """Seeds 30687, 31028: clamp(bool, max=-1) is -1 in int64 (the bounds promote), but
+    the cpu kernel clamped in bool, giving 0/1."""
+    fn = lambda x: torch.clamp(x.to(torch.bool), **bounds)  # noqa: E731
+    cmp = lambda x: torch.clamp(x == 0, **bounds) + 1  # noqa: E731
+    x = torch.randn(11, 32) * (torch.rand(11, 32) < 0.5)
+    for f in (fn, cmp):
+        got, want = _compile(f, target)(x), f(x)
+        assert got.dtype == want.dtype
+        assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32])
+def test_number_first_operand_of_a_0d_tensor_keeps_its_dtype(target, dtype):
+    """Seeds 30738, 31802, 32235: ``-1.5 - x.mean()`` of bfloat16 is bfloat16, but the
+    reference executor made -1.5 a float32 0-d tensor, which promoted the 0-d result to
+    float32 (the cpu target runs that executor for tiles it has no native form for)."""
+    x = torch.randn(17, 9) * 4
+    if dtype.is_floating_point:
+        fns = [lambda x: -1.5 - x.mean(), lambda x: 3 - x.sum(), lambda x: 2 ** x[0, 0],
+               lambda x: 0.1 - x.amax()]
+    else:
+        fns = [lambda x: 3 - x.sum(), lambda x: 2 ** x[0, 0].abs()]
+    x = x.to(dtype)
+    for fn in fns:
+        got, want = _compile(fn, target)(x), fn(x)
+        assert got.dtype == want.dtype
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_linear_relu_keeps_nan(dtype, inplace):
+    """Seed 30644: F.linear(...).relu_() gave 0 where the product is NaN: oneDNN's relu
+    post-op maps NaN to 0, eager's relu keeps it."""
+    def fn(x, w, b):
+        y = F.linear(x, w, b)
+        return y.relu_() if inplace else torch.relu(y)
+
+    x, w, b = torch.randn(31, 11, 16), torch.randn(8, 16), torch.randn(8)
+    x.view(-1)[torch.randperm(x.numel())[:40]] = float("nan")
+    x[0, 0, 0], w[1, 3], b[2] = float("inf"), float("-inf"), float("nan")
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    with torch.no_grad():
+        got = _compile(fn, "cpu")(x, w, b)
+    want = fn(x, w, b)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert_close(got, want, equal_nan=True, **({} if dtype == torch.float32 else
+                                               dict(rtol=2e-2, atol=2e-2)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_add_sub_alpha_is_one_fma(target, dtype):
+    """Seeds 21960, 30010: ``x.sub_(y, alpha=2)`` near the float max: eager's CPU add
+    kernel computes a - alpha * b as one fused multiply-add (3e38 - 2 * 2e38 = -1e38),
+    the lowering's mul then sub overflowed 2 * b to inf first (NaN or -inf)."""
+    big = torch.finfo(dtype).max
+    a = torch.randn(5, 5, 128, dtype=torch.float64) * big / 4
+    b = torch.randn(1, 128, dtype=torch.float64) * big / 3
+    a, b = a.to(dtype), b.to(dtype)
+    fns = [lambda a, b: a.sub(b, alpha=2), lambda a, b: torch.add(a, b, alpha=-3),
+           lambda a, b: torch.add(a, b, alpha=0.3), lambda a, b: torch.rsub(b, a, alpha=2),
+           lambda a, b: a.clone().sub_(b, alpha=2), lambda a, b: torch.add(1.5, b, alpha=2)]
+    for fn in fns:
+        got, want = _compile(fn, target)(a, b), fn(a, b)
+        assert torch.equal(got.isfinite(), want.isfinite())
+        assert_close(got, want, equal_nan=True)
+    small = (torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64))
+    small = [t.to(dtype) for t in small]
+    for fn in fns:  # ordinary values: one rounding, as eager
+        assert_close(_compile(fn, target)(*small), fn(*small))
+
+
+def test_column_reduction_of_a_size_expression_under_dynamic():
+    """Seed 31475: the mean's backward divides by s4 * s4 inside a column-sum kernel whose
+    narrow path named the accumulator of node 4 ``s4``, shadowing the size symbol: at a
+    size with fewer than 8 kept elements the divisor was 0 and the gradient inf."""
+    def fn(x0, x4):  # the seed's program (the symbol, s4, is named by the trace)
+        v0 = torch.log_softmax(x0, dim=2)
+        v2 = torch.copysign(v0, torch.sum(x0, dim=(-3, 1), dtype=torch.float32))
+        return torch.where(v2 > 0, v2, x4).mean(dim=(0, 2), keepdim=True)
+
+    compiled = _compile(fn, "cpu", dynamic=True)
+    for n in (17, 6, 3):
+        x = torch.randn(n, n, n, requires_grad=True)
+        w = torch.randn(n, n, requires_grad=True)
+        g = torch.randn(1, n, 1)
+        got = torch.autograd.grad(compiled(x, w), (x, w), g)
+        want = torch.autograd.grad(fn(x, w), (x, w), g)
+        for a, b in zip(got, want):
+            assert_close(a, b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_of_a_transposed_input_at_inf(target, dynamic, dtype):
+    """Seed 30481: eager's GELU takes oneDNN (NaN at +inf) only for a contiguous input;
+    for a transposed one it is ATen's kernel (inf at +inf, max stays finite), which the
+    cpu kernel did not follow."""
+    big = torch.finfo(dtype).max
+    compiled = _compile(F.gelu, target, dynamic)
+    for shape in ((31, 24, 16), (33, 11, 17)):
+        x = torch.randn(shape)
+        x.view(-1)[::7] = float("inf")
+        x.view(-1)[3::11] = big
+        x.view(-1)[5::13] = float("-inf")
+        x = x.to(dtype).transpose(0, 2)
+        assert_close(compiled(x), F.gelu(x), equal_nan=True)
+        y = x.contiguous()
+        assert_close(_compile(F.gelu, target, dynamic)(y), F.gelu(y), equal_nan=True)
+
+
+def test_no_fused_multiply_add_across_ops():
+    """Seed 31858: the backward of x / x is g / x + (-g) * ((x / x) / x); eager rounds the
+    product before the add (0 wherever the two terms round alike), g++ contracted the
+    kernel's separate mul and add into one fma (-ffp-contract defaults to fast), which
+    kept the rounding residue in every element."""
+    def fn(x):
+        return x / x
+
+    compiled = _compile(fn, "cpu")
+    x = torch.randn(11, 64, 16, requires_grad=True)
+    g = torch.randn(11, 64, 16)
+    got = torch.autograd.grad(compiled(x), x, g)[0]
+    want = torch.autograd.grad(fn(x), x, g)[0]
+    assert_close(got, want, rtol=0, atol=0)
+    a, b, c = torch.randn(3, 4096)
+    mad = lambda a, b, c: a * b + c  # noqa: E731
+    assert_close(_compile(mad, "cpu")(a, b, c), mad(a, b, c), rtol=0, atol=0)

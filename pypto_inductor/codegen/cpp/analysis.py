@@ -534,7 +534,9 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
 
     def common_dtype(self, op: TileOp, args) -> torch.dtype:
         """The dtype operands are converted to before the op computes (torch promotion)."""
-        if op.op in ("cast", "full"):
+        if op.op in ("cast", "full", "clamp"):
+            # clamp: its bounds (attributes) take part in the promotion, so compute in the
+            # result's dtype: clamp(bool, min=2) is 2 in int64, not True
             return op.out.dtype
         if op.op == "where":
             args = args[1:]

@@ -313,17 +313,19 @@ class ColumnEmitter(RowEmitter):
 
     def narrow(self, reds, outs, deps, lo: str, hi: str) -> None:
         """The fast path for a block of few kept elements: each kept element j in turn, a
-        vector loop over the reduced elements into scalar accumulators, folded into j's."""
+        vector loop over the reduced elements into scalar accumulators, folded into j's.
+        The accumulators are ``sa<id>``: ``s<N>`` is a size symbol's name (fuzz seed
+        31475: ``s4 / (s4 * s4)`` read the accumulator of node 4 as the size)."""
         w = self.w
         w("     for (int64_t j = 0; j < nr; ++j) {")
         clauses = []
         for x in reds:
             t, red = ctype(x.dtype), x.attrs["red"]
-            w(f"      {t} s{x.id} = {'0' if red == 'sum' else identity(x)};")
-            clauses.append(f"reduction({'+' if red == 'sum' else red}:s{x.id})")
+            w(f"      {t} sa{x.id} = {'0' if red == 'sum' else identity(x)};")
+            clauses.append(f"reduction({'+' if red == 'sum' else red}:sa{x.id})")
             if self.has_nan(x):
-                w(f"      int sn{x.id} = 0;")
-                clauses.append(f"reduction(|:sn{x.id})")
+                w(f"      int sna{x.id} = 0;")
+                clauses.append(f"reduction(|:sna{x.id})")
         w(f"      #pragma omp simd {' '.join(clauses)}")
         w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
         self.offsets("        ")
@@ -332,16 +334,16 @@ class ColumnEmitter(RowEmitter):
         for x in reds:
             v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
             if x.attrs["red"] == "sum":
-                w(f"        s{x.id} += {v};")
+                w(f"        sa{x.id} += {v};")
                 continue
             cmp = ">" if x.attrs["red"] == "max" else "<"
-            w(f"        s{x.id} = ({v} {cmp} s{x.id}) ? {v} : s{x.id};")
+            w(f"        sa{x.id} = ({v} {cmp} sa{x.id}) ? {v} : sa{x.id};")
             if self.has_nan(x):
-                w(f"        sn{x.id} |= ({v} != {v});")
+                w(f"        sna{x.id} |= ({v} != {v});")
         for k, x, spec in outs:
             w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
         w("      }")
         for x in reds:
-            for line in self.update(x, f"s{x.id}", f"sn{x.id}"):
+            for line in self.update(x, f"sa{x.id}", f"sna{x.id}"):
                 w(f"      {line}")
         w("     }")

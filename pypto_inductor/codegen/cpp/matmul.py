@@ -55,8 +55,9 @@ ONEDNN_POST_OPS_MIN_WEIGHT = 65536
 # the torch call itself (GemmCall) instead of a call of its Python wrapper; the benchmark
 # turns it off to compile the "before" form.
 INLINE_GEMMS = True
-_UNARY_POST_OPS = {"relu": ("relu", ""), "sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""),
-                   "silu": ("swish", "")}
+# No relu: oneDNN's relu post-op gives 0 for a NaN product where eager's relu keeps NaN
+# (fuzz seed 30644); it runs as the native epilogue pass instead.
+_UNARY_POST_OPS = {"sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""), "silu": ("swish", "")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,6 +130,18 @@ def _pow(a, n):
     return f"pi_pow(({ct})({x}), ({ct})({y}))"
 
 
+def _add(a, n, sign):
+    """add/sub; with ``alpha`` (add/sub's scale of the second operand, floating point)
+    one fused multiply-add as eager's CPU add kernel: a + alpha * b is rounded once."""
+    alpha = n.attrs.get("alpha")
+    if alpha is None:
+        return f"({a[0]} {'+' if sign > 0 else '-'} {a[1]})"
+    common = n.attrs["common"]
+    if common in (torch.float16, torch.bfloat16):  # eager takes alpha in the tensor's dtype
+        alpha = float(torch.tensor(float(alpha), dtype=common))
+    return f"std::fma({literal(sign * alpha, common)}, {a[1]}, {a[0]})"
+
+
 def _clamp(a, n):
     x = a[0]
     lo, hi = n.attrs.get("min"), n.attrs.get("max")
@@ -145,7 +157,7 @@ def _gelu(a, n):
         return f"pi_gelu_tanh({a[0]})"
     # float32 and bfloat16 follow eager's oneDNN GELU (NaN at +inf), float16 ATen's (inf);
     # eager takes oneDNN only for more than one element (a 0-d or 1-element gelu is ATen's)
-    if n.attrs["common"] == torch.float16:
+    if n.attrs["common"] == torch.float16 or n.attrs.get("strided"):  # strided: ATen's too
         return f"pi_gelu({a[0]}, false)"
     numel = sympy.sympify(sympy.Mul(*n.shape)) if n.shape is not None else sympy.Integer(2)
     if numel.is_number:
@@ -166,7 +178,7 @@ def _nan_positive(fn):
 
 
 OPS = {
-    "add": lambda a, n: f"({a[0]} + {a[1]})", "sub": lambda a, n: f"({a[0]} - {a[1]})",
+    "add": lambda a, n: _add(a, n, 1), "sub": lambda a, n: _add(a, n, -1),
     "mul": lambda a, n: f"({a[0]} * {a[1]})", "div": lambda a, n: f"({a[0]} / {a[1]})",
     "neg": lambda a, n: f"(-{a[0]})", "copy": lambda a, n: a[0], "cast": lambda a, n: a[0],
     "full": lambda a, n: literal(n.attrs["value"], n.attrs["common"]),

@@ -139,8 +139,20 @@ def _commutative(fn: str):
     return emit
 
 
-register("add")(_commutative("add"))
 register("mul")(_commutative("mul"))
+
+
+@register("add")
+def _add(em: Writer, op: TileOp):
+    if op.attrs.get("alpha") is None:
+        return _commutative("add")(em, op)
+    a, b = tensor_operands(em, op)  # a + alpha * b: b is a tensor (lowering's alpha form)
+    scaled = em.tmp(f"pypto.mul({b}, {float(op.attrs['alpha'])!r})")
+    if not em.is_tensor(op.args[0]):
+        return em.tmp(f"pypto.add({scaled}, {a})"), _float_out(em, op)
+    return em.tmp(f"pypto.add({a}, {scaled})"), _float_out(em, op)
+
+
 register("maximum", "fmax")(_commutative("maximum"))
 register("minimum", "fmin")(_commutative("minimum"))
 
@@ -148,6 +160,8 @@ register("minimum", "fmin")(_commutative("minimum"))
 @register("sub")
 def _sub(em: Writer, op: TileOp):
     a, b = tensor_operands(em, op)
+    if op.attrs.get("alpha") is not None:  # a - alpha * b: b is a tensor
+        b = em.tmp(f"pypto.mul({b}, {float(op.attrs['alpha'])!r})")
     if not em.is_tensor(op.args[0]):  # c - x = (-x) + c
         return em.tmp(f"pypto.add(pypto.neg({b}), {a})"), _float_out(em, op)
     return em.tmp(f"pypto.sub({a}, {b})"), _float_out(em, op)
