@@ -366,6 +366,8 @@ def test_view_of_an_input_written_by_copy_(target, dynamic):
         assert_close(compiled(xc, y), fn(xe, y))
         assert_close(xc, xe)
 
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_alias_of_an_output_laid_out_unlike_its_trace(target, dynamic):
     """Seed 32653: copysign of a transposed input runs in the reference executor, which
