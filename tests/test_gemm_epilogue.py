@@ -149,7 +149,7 @@ def test_onednn_switch_off_keeps_native_epilogue(monkeypatch, onednn_calls):
 
 
 @needs_onednn
-@pytest.mark.parametrize("epilogue", ["gelu", "relu", "add"])
+@pytest.mark.parametrize("epilogue", ["gelu", "silu", "add"])
 def test_onednn_post_op_by_weight_size(epilogue, monkeypatch, onednn_calls):
     """Below ONEDNN_POST_OPS_MIN_WEIGHT weight elements addmm + a native pass is faster
     (BERT's 64 -> 128 FFN), from it on the oneDNN post-op (docs/benchmarks.md)."""
