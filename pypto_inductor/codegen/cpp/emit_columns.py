@@ -23,9 +23,11 @@ from .ops import conv, ctype, expression, identity, load, store
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
 # A float sum adds SUM_BLOCK reduced elements into fp32 partial sums, then each partial into
-# a double total: one fp32 accumulator saturates over very many rows; blocked, the error
-# stays near eager's (docs/benchmarks.md).
-SUM_BLOCK = 256
+# a double total, a two-level cascade like eager's: one fp32 accumulator saturates over very
+# many rows, and 256-row blocks were 13x farther from float64 than eager on a cancelling
+# 496-row sum (fuzz seed 33342); 32 rows keep the error at or under eager's at no measurable
+# cost (docs/benchmarks.md, tests/test_sum_accuracy.py).
+SUM_BLOCK = 32
 # Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
 # reduced elements inside: a vector loop over 4 elements per reduced one is slow
 # (docs/benchmarks.md).

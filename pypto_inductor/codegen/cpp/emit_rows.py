@@ -32,9 +32,14 @@ LANES_MIN_COLUMNS = 1024
 # the `omp simd` epilogue's scalar chain
 VECTOR_LANES = 16
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
-# into a double: one fp32 total loses precision over very long rows (docs/benchmarks.md has
-# the errors and the cost of smaller blocks).
-SUM_BLOCK = 16384
+# into a double, a two-level cascade like eager's: the vectorised fast path's accumulators
+# (REDUCTION_LANES x the vector's lanes) each take a few dozen terms, so the error stays
+# near eager's (tests/test_sum_accuracy.py; 16384-column blocks were 17x farther from
+# float64 than eager on a cancelling 4096-term sum). The generic (strided, index-decoding)
+# loop has one scalar accumulator: SUM_BLOCK_GENERIC terms. Neither costs measurably
+# (docs/benchmarks.md).
+SUM_BLOCK = 256
+SUM_BLOCK_GENERIC = 32
 # Pointwise tiles reading a strided input (a transpose) run blocks of BLOCK_ROWS rows x
 # BLOCK_COLS columns, rows inner: the rows of a block share the cache lines of the strided
 # reads (the block shape measured on attention's K^T copy: docs/benchmarks.md).
@@ -617,8 +622,10 @@ class RowEmitter:
             if when:
                 w(f"    if ({' || '.join(self.var(x.args[1]) for x in reds)}) {{")
             if wide:
-                w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {SUM_BLOCK}) {{")
-                w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {SUM_BLOCK}, c1);")
+                sb = f"(fast ? {SUM_BLOCK} : {SUM_BLOCK_GENERIC})" if has_fast \
+                    else str(SUM_BLOCK_GENERIC)
+                w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {sb}) {{")
+                w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {sb}, c1);")
                 for x in wide:
                     w(f"    float acc{x.id} = 0.0f;")
                 self.loop(has_fast, reds, tail, ("cb0", "cb1"))
