@@ -82,6 +82,77 @@ def test_every_op_family_kernel_is_verified():
     assert not bad, bad
 
 
+# Dynamic kernels pypto's interpreter cannot value-check yet, with the symptom seen.
+# Both divide by ``pypto.full([rows, 1], C)`` (the dynamic reduced extent as a fill value):
+# the interpreter fills that with garbage (all-NaN outputs, yet its own verdict says PASS),
+# with DT_FP32 and with DT_INT32 (pypto's documented form) alike; the same kernels with the
+# count as a literal verify. softmax_mean also has dynamic rows: at a partial row tile the
+# interpreter refuses maximum(acc, amax(chunk)) (64 rows vs the 36 valid ones; a
+# ``valid_shape`` on the accumulator does not help). docs/pypto_coverage.md has the details.
+INTERPRETER_LIMITS = {
+    "layer_norm": "wrong values",
+    "softmax_mean": "The size of tensor a (64) must match the size of tensor b (36)",
+}
+
+
+def _dynamic_cases():
+    """Every dynamic kernel tests/test_pypto_sim.py simulates, each at concrete sizes
+    (the interpreter runs concrete tensors; the kernel keeps its one dynamic source):
+    rows 2x50 = 100 (one full and one partial row tile) and 3x7 = 21; dynamic columns at
+    their small simulated sizes (200 columns: a full and a partial chunk of 256)."""
+    import sympy
+    import test_pypto_sim as T
+    out = []  # (name, sizes, case)
+    for name, fn in T.DYNAMIC.items():
+        plan, x_shape = T._dynamic_tiles(fn, T._x(4, 48, T.C), T._x(T.C))
+        (tile,) = plan.tiles
+        kernel = emit_tile(tile, plan.graph)
+        for sizes in ((2, 50), (3, 7)):
+            sizes = dict(zip(x_shape[:2], sizes))
+            out += [(name, sizes, c) for c in verify.tile_case(tile, plan.graph, sizes,
+                                                                kernel=kernel)]
+    for name, (fn, inputs, (small, _large)) in T.DYNAMIC_COLUMNS.items():
+        plan = T._plan(fn, *inputs())
+        (tile,) = plan.tiles
+        kernel = emit_tile(tile, plan.graph)
+        syms = [s for s in plan.graph.specs[tile.inputs[0]].shape if isinstance(s, sympy.Symbol)]
+        sizes = dict(zip(syms, small))
+        out += [(name, sizes, c) for c in verify.tile_case(tile, plan.graph, sizes, kernel=kernel)]
+    x, r = T._x(4, 48, T.C), T._x(4, 48, 128)
+    for t in (x, r):
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 1)
+    (plan,) = _plan(T._matmul_epilogue, x, T._x(T.C, 128), T._x(128), r, roi_threshold=0.5)
+    (tile,) = plan.tiles
+    kernel = emit_tile(tile, plan.graph)
+    rows = plan.graph.specs[tile.inputs[-1]].shape[:2]
+    for sizes in ((2, 50), (3, 7)):
+        sizes = dict(zip(rows, sizes))
+        out += [("matmul_epilogue", sizes, c)
+                for c in verify.tile_case(tile, plan.graph, sizes, kernel=kernel)]
+    return out
+
+
+def test_every_dynamic_kernel_is_verified_at_concrete_sizes():
+    cases = _dynamic_cases()
+    assert all(kernel.dynamic for _n, _s, (kernel, _i, _e) in cases)
+    checks = verify.verify_kernels([c for *_, c in cases])
+    seen = set()
+    for (name, sizes, (kernel, *_)), check in zip(cases, checks):
+        seen.add(name)
+        shapes = [tuple(p.shape) for p in kernel.inputs]
+        if name in INTERPRETER_LIMITS:  # pypto's limit, asserted so a change shows up here
+            symptom = INTERPRETER_LIMITS[name]
+            assert check.verified is not True, f"{name} verifies now: drop it from the limits"
+            assert (check.verified is False and symptom == "wrong values") or \
+                symptom in (check.error or ""), (name, check)
+            print(f"{name} at {sizes} NOT value-checked (pypto interpreter limit): {symptom}")
+            continue
+        assert check.verified is True, (name, sizes, shapes, check)
+        print(f"{name} at {sizes} {shapes}: verified, max abs err {check.max_abs_err:.2g}")
+    assert seen >= {"broadcast", "row_reduction", "pointwise", "matmul_epilogue"}, seen
+
+
 def test_a_kernel_with_the_bias_added_twice_is_caught():
     def fn(a, b, bias):
         return torch.relu(a @ b + bias)
@@ -292,6 +363,8 @@ SHAPE_FNS = {
        k=st.sampled_from([64, 128, 256]), n=st.sampled_from([64, 256, 512, 1024]),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
 def test_planner_legal_tiles_compile_in_pypto(kind, m, k, n, dtype):
+    """Every tile the planner calls legal compiles and simulates with no UB error, and
+    each of its kernels verifies in pypto's interpreter."""
     shapes, fn = SHAPE_FNS[kind]
     inputs = [torch.randn(*s).to(dtype) for s in shapes(m, k, n)]
     plans = _plan(fn, *inputs)
@@ -302,3 +375,10 @@ def test_planner_legal_tiles_compile_in_pypto(kind, m, k, n, dtype):
         assert not any(s in (r.error or "") for s in UB_REJECTED), \
             f"{kind} {m}x{k}x{n} {dtype} {kernel.vec_tile}: {r.error}"
         assert r.ok, r.error
+    # ... and computes the right values: each simulated kernel, in pypto's interpreter,
+    # on seeded random inputs against the reference executor
+    cases = [c for (t, g), kernel in zip(legal, kernels)
+             for c in verify.tile_case(t, g, kernel=kernel)]
+    for kernel, check in zip(kernels, verify.verify_kernels(cases)):
+        assert check.verified is True, \
+            f"{kind} {m}x{k}x{n} {dtype} {kernel.vec_tile}: {check}"
