@@ -44,7 +44,8 @@ from .sim import (default_workers, pypto_available, pypto_version, read_results,
                   worker_env)
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
-           "verify_kernel", "verify_kernels", "random_inputs", "tile_case", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
+           "verify_kernel", "verify_kernels", "random_inputs", "tile_case",
+           "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
 
 DEFAULT_TIMEOUT_S = 300.0  # per kernel: the interpreter is slow on big dynamic loops
 
