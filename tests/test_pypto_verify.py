@@ -158,6 +158,39 @@ def test_every_dynamic_kernel_is_verified_at_concrete_sizes():
                     "matmul_epilogue"}, seen
 
 
+def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
+    """The kernels tests/test_pypto_sim.py simulates outside its op families and dynamic
+    cases: the fused add -> mul -> relu chain and its one-op (unfused) kernels, the
+    LayerNorm + GELU + residual model the report test simulates, and the parts of the
+    tiles split at bitwise_not and at prod."""
+    import test_pypto_sim as T
+    from pypto_inductor.codegen.pypto.emit import single_op_tile
+    from pypto_inductor.models import LayerNormGeluResidual
+    groups = []
+    (plan,) = _plan(lambda x, y, z: torch.relu((x + y) * z), *(T._x(512, 1024) for _ in range(3)))
+    (tile,) = plan.tiles
+    singles = [single_op_tile(op, plan.graph, tile.tile_shape, plan.hardware) for op in tile.ops]
+    groups += [(plan.tiles, plan.graph)] + [([t], plan.graph) for t in singles]
+    groups += [(p.tiles, p.graph) for p in _plan(LayerNormGeluResidual(256).eval(),
+                                                  torch.randn(4, 16, 256))]
+    for fn in (T._with_bitwise_not, lambda x, y: x.prod(-1, keepdim=True) * 2 + y):
+        groups += [(p.tiles, p.graph) for p in _plan(fn, T._x(T.R, T.C), T._x(T.R, T.C))]
+    names = [t.name for ts, _ in groups for t in ts]
+    if len(set(names)) < len(names):  # one-op tiles may share a name with another graph's
+        checks = {}
+        for i, group in enumerate(groups):
+            checks.update({f"{i}:{n}": c for n, c in verify.verify_graphs([group]).items()})
+    else:
+        checks = verify.verify_graphs(groups)
+    assert len(checks) >= 7, checks
+    bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
+           if c.verified is not True}
+    assert not bad, bad
+    # the pypto parts around the split op: two for bitwise_not, the one after prod
+    assert sorted(len(c.kernels) for n, c in checks.items()
+                  if "bitwise_not" in n or "prod" in n) == [1, 2], checks
+
+
 def test_a_kernel_with_the_bias_added_twice_is_caught():
     def fn(a, b, bias):
         return torch.relu(a @ b + bias)
