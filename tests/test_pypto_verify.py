@@ -161,8 +161,8 @@ def test_every_dynamic_kernel_is_verified_at_concrete_sizes():
 def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
     """The kernels tests/test_pypto_sim.py simulates outside its op families and dynamic
     cases: the fused add -> mul -> relu chain and its one-op (unfused) kernels, the
-    LayerNorm + GELU + residual model the report test simulates, and the parts of the
-    tiles split at bitwise_not and at prod."""
+    LayerNorm + GELU + residual model the report test simulates, relu and relu(x + y),
+    and the parts of the tiles split at bitwise_not and at prod."""
     import test_pypto_sim as T
     from pypto_inductor.codegen.pypto.emit import single_op_tile
     from pypto_inductor.models import LayerNormGeluResidual
@@ -173,6 +173,11 @@ def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
     groups += [(plan.tiles, plan.graph)] + [([t], plan.graph) for t in singles]
     groups += [(p.tiles, p.graph) for p in _plan(LayerNormGeluResidual(256).eval(),
                                                   torch.randn(4, 16, 256))]
+    # the relu kernel the failed-batch test simulates; the SIM twin of the NPU-mode
+    # relu(x + y) kernel the build-path test emits (same source but RUN_MODE, never run)
+    groups += [(p.tiles, p.graph) for p in _plan(lambda x: torch.relu(x), T._x(T.R, T.C))]
+    groups += [(p.tiles, p.graph)
+               for p in _plan(lambda x, y: torch.relu(x + y), T._x(T.R, T.C), T._x(T.R, T.C))]
     for fn in (T._with_bitwise_not, lambda x, y: x.prod(-1, keepdim=True) * 2 + y):
         groups += [(p.tiles, p.graph) for p in _plan(fn, T._x(T.R, T.C), T._x(T.R, T.C))]
     names = [t.name for ts, _ in groups for t in ts]
@@ -182,7 +187,7 @@ def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
             checks.update({f"{i}:{n}": c for n, c in verify.verify_graphs([group]).items()})
     else:
         checks = verify.verify_graphs(groups)
-    assert len(checks) >= 7, checks
+    assert len(checks) >= 9, checks
     bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
            if c.verified is not True}
     assert not bad, bad
