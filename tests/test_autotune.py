@@ -145,6 +145,16 @@ def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
             assert c.buffering == autotune.fitted_buffering(
                 c.vec_tile, vec_operands(plan.tiles[0]), plan.hardware), c
     assert not t.from_cache and (tiling_cache / f"{t.key}.json").exists()
+    # every tile shape tried computes the right values (pypto's interpreter vs the reference)
+    import dataclasses
+    from pypto_inductor.codegen.pypto import verify
+    (tile,) = plan.tiles
+    cases = [c for cand in t.tried if cand.cycles
+             for c in verify.tile_case(dataclasses.replace(tile, tile_shape=cand.tile_shape),
+                                       plan.graph, kernel=autotune._emit(
+                                           tile, plan.graph, cand.tile_shape, plan.hardware))]
+    checks = verify.verify_kernels(cases)
+    assert len(checks) >= 2 and all(c.verified is True for c in checks), checks
     again = autotune.tune_plan(plan, seconds=300, limit=3)[t.tile]
     assert again.from_cache and again.chosen.tile_shape == t.chosen.tile_shape
     # the npu build emits at the cached shape

@@ -8,6 +8,7 @@ which tiles ran natively.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -20,6 +21,7 @@ from pypto_inductor.codegen.cpp import compiler as cpp_build
 from pypto_inductor.report import collect
 
 FP32 = {"atol": 1e-5, "rtol": 1.3e-5}
+_SESSION_CACHE = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR")  # before the fixture below
 
 
 @pytest.fixture(autouse=True)
@@ -453,7 +455,7 @@ def test_emitter_error_names_the_tile_op(monkeypatch):
 
 
 # --- pypto target -------------------------------------------------------------------------
-def test_pypto_splits_tiles_at_ops_it_has_no_form_for():
+def test_pypto_splits_tiles_at_ops_it_has_no_form_for(monkeypatch):
     from pypto_inductor.codegen.pypto.emit import emit_tile, split_tile
 
     pytest.importorskip("pypto")
@@ -478,6 +480,20 @@ def test_pypto_splits_tiles_at_ops_it_has_no_form_for():
     # embedding lookups (pypto.index_select) and a pad of the last dim have a pypto form;
     # scatter does not
     assert "scatter" in split_ops and not split_ops & {"gather", "pad"}
+    # and each of those kernels (whole tiles and the parts around scatter) computes the
+    # right values in pypto's interpreter (in-range lookup indices, see verify._case)
+    from pypto_inductor.codegen.pypto import verify
+    # the interpreter's calculator library from the session's own cache (built once, ~55 s),
+    # not from this module's fresh kernel cache
+    if _SESSION_CACHE is None:
+        monkeypatch.delenv("PYPTO_INDUCTOR_CACHE_DIR")
+    else:
+        monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", _SESSION_CACHE)
+    checks = verify.verify_graphs([(g.plan.tiles, g.plan.graph) for g in graphs])
+    ops = {t.name: [op.op for op in t.ops] for g in graphs for t in g.plan.tiles}
+    bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
+           if c.verified is not True and ops[n] != ["scatter"]}  # scatter alone: no kernel
+    assert len(checks) > len(bad) and not bad, bad
 
 
 # --- other ops of the zoo models --------------------------------------------------------

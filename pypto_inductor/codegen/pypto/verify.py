@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import sympy
 import torch
 
 from ...config import cache_dir
@@ -43,7 +44,8 @@ from .sim import (default_workers, pypto_available, pypto_version, read_results,
                   worker_env)
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
-           "verify_kernel", "verify_kernels", "random_inputs", "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
+           "verify_kernel", "verify_kernels", "random_inputs", "tile_case",
+           "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
 
 DEFAULT_TIMEOUT_S = 300.0  # per kernel: the interpreter is slow on big dynamic loops
 
@@ -300,8 +302,22 @@ def tile_kernels(tile: FusionTile, graph: TileGraph) -> list[tuple[FusionTile, P
         return [(part, emit_tile(part, graph, run_mode="SIM")) for part in split.parts]
 
 
-def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int):
-    """(kernel, random inputs, the reference executor's outputs on them)."""
+def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int,
+          sizes: dict | None = None):
+    """(kernel, random inputs, the reference executor's outputs on them).
+
+    A dynamic kernel runs at concrete ``sizes`` (size symbol -> int, every symbol of
+    the graph; default: the graph's hints): the interpreter needs concrete tensors,
+    and the kernel keeps its one dynamic source (:meth:`PyptoKernel.at_sizes`)."""
+    if kernel.dynamic:
+        names = {str(k): int(v) for k, v in (sizes or {}).items()}
+        names = {str(s): names.get(str(s), graph.hint(s)) for s in graph.symbols}
+        kernel = kernel.at_sizes(names)
+        syms = tuple(names[str(s)] for s in graph.symbols)
+    elif sizes:
+        raise ValueError(f"kernel {kernel.name} has static shapes; sizes {sizes} mean nothing")
+    else:
+        syms = tuple(graph.hint(s) for s in graph.symbols)
     inputs = random_inputs(kernel, seed)
     # indices of lookups (embeddings) must be in range: rows of the table they index
     gen = torch.Generator().manual_seed(seed + 1)
@@ -309,13 +325,22 @@ def _case(tile: FusionTile, graph: TileGraph, kernel: PyptoKernel, seed: int):
         if op.op == "gather" and op.attrs.get("check") in ("embedding", "gather") \
                 and len(op.args) == 2:
             dim = 0 if op.attrs["check"] == "embedding" else op.attrs["source_dims"].index(-1)
-            rows = int(graph.hint(graph.specs[op.args[0]].shape[dim]))
+            rows = int(sympy.sympify(graph.specs[op.args[0]].shape[dim]).subs(
+                {s: v for s, v in zip(graph.symbols, syms)}))
             for i, p in enumerate(kernel.inputs):
                 if p.value == op.args[1]:
                     inputs[i] = torch.randint(0, rows, inputs[i].shape, generator=gen,
                                               dtype=inputs[i].dtype)
-    syms = tuple(graph.hint(s) for s in graph.symbols)
     return kernel, inputs, list(reference.build(tile, graph).fn(inputs, syms))
+
+
+def tile_case(tile: FusionTile, graph: TileGraph, sizes: dict | None = None, seed: int = 0,
+              kernel: PyptoKernel | None = None) -> list[tuple[PyptoKernel, list, list]]:
+    """:func:`verify_kernels` cases of a tile's pypto kernels (``kernel`` as given, else
+    one per part of a split tile) on seeded random inputs, a dynamic kernel at ``sizes``
+    (see :func:`_case`)."""
+    pairs = [(tile, kernel)] if kernel is not None else tile_kernels(tile, graph)
+    return [_case(part, graph, k, seed, sizes) for part, k in pairs]
 
 
 def verify_tiles(tiles: list[FusionTile], graph: TileGraph, seed: int = 0,
