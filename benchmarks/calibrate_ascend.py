@@ -168,7 +168,7 @@ def candidates():
 
 
 # --- planning and simulation -----------------------------------------------------------------
-def _plans(fn, inputs, threshold: float):
+def plans_at(fn, inputs, threshold: float):
     rep = pypto_inductor.report(fn, *inputs, options={"hardware": "ascend-a2",
                                                       "roi_threshold": threshold})
     return [g.plan for g in rep.graphs if g.plan is not None]
@@ -270,8 +270,8 @@ def collect(names=None, log=print, real: bool = False) -> tuple[list[dict], list
     for name in names:
         category, fn, inputs = cands[name]
         with torch.no_grad():
-            forced = _plans(fn, inputs, FORCE)
-            default = _plans(fn, inputs, THRESHOLD)
+            forced = plans_at(fn, inputs, FORCE)
+            default = plans_at(fn, inputs, THRESHOLD)
         for gi, plan in enumerate(forced):
             cost = CostModel(plan.graph, plan.hardware)
             for ti, tile in enumerate(plan.tiles):
@@ -354,7 +354,7 @@ def tile_choice(log=print) -> list[dict]:
     for name in TILE_CASES:
         _, fn, inputs = cands[name]
         with torch.no_grad():
-            (plan,) = _plans(fn, inputs, FORCE)
+            (plan,) = plans_at(fn, inputs, FORCE)
         tile = max(plan.tiles, key=lambda t: len(t.ops))
         old = plan_tile(tile.ops, plan.graph, old_hw, 2).tile_shape
         new_k = emit_tile(tile, plan.graph)
@@ -374,7 +374,7 @@ def empty_kernel(log=print) -> dict:
     """An empty kernel's cost: a one-op 8x32 kernel (one task); its "Total Cycles" minus
     its task span is the fixed cost every kernel pays (``sim.LAUNCH_CYCLES``)."""
     with torch.no_grad():
-        (plan,) = _plans(lambda x: x + 1.0, (_r(8, 32),), FORCE)
+        (plan,) = plans_at(lambda x: x + 1.0, (_r(8, 32),), FORCE)
     (r,) = pypto_sim.simulate_kernels([emit_tile(plan.tiles[0], plan.graph)])
     out = {"total": r.cycles, "span": r.span_cycles,
            "launch": (r.cycles - r.span_cycles) if r.ok and r.span_cycles is not None else None,

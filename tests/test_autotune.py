@@ -34,7 +34,7 @@ def tiling_cache(tmp_path, monkeypatch):
     return root
 
 
-def _plan(fn, *inputs):
+def plan_of(fn, *inputs):
     with torch.no_grad():
         rep = pypto_inductor.report(fn, *inputs, options={"hardware": "ascend-a2"})
     (plan,) = [g.plan for g in rep.graphs if g.plan is not None]
@@ -101,14 +101,14 @@ def test_work_cycles_from_stat_report_and_trace(tmp_path):
 
 def test_signature_ignores_names_and_bucket_rounds_sizes():
     f = lambda x, y: torch.relu(x + y) * 2.0  # noqa: E731
-    a = _plan(f, torch.randn(100, 200), torch.randn(100, 200))
-    b = _plan(f, torch.randn(128, 256), torch.randn(128, 256))
-    c = _plan(f, torch.randn(300, 256), torch.randn(300, 256))
+    a = plan_of(f, torch.randn(100, 200), torch.randn(100, 200))
+    b = plan_of(f, torch.randn(128, 256), torch.randn(128, 256))
+    c = plan_of(f, torch.randn(300, 256), torch.randn(300, 256))
     ta, tb, tc = a.tiles[0], b.tiles[0], c.tiles[0]
     assert autotune.signature(ta, a.graph) == autotune.signature(tb, b.graph)
     assert autotune.shape_bucket(ta, a.graph) == autotune.shape_bucket(tb, b.graph)
     assert autotune.shape_bucket(tc, c.graph) != autotune.shape_bucket(tb, b.graph)
-    g = _plan(lambda x, y: torch.sigmoid(x + y) * 2.0, torch.randn(128, 256), torch.randn(128, 256))
+    g = plan_of(lambda x, y: torch.sigmoid(x + y) * 2.0, torch.randn(128, 256), torch.randn(128, 256))
     assert autotune.signature(g.tiles[0], g.graph) != autotune.signature(tb, b.graph)
 
 
@@ -124,14 +124,14 @@ def test_rule_buffering_follows_one_task_per_ai_core():
              ((lambda x, y: torch.relu(x + y)), [(32, 64)] * 2, 3),
              ((lambda x, w: F.layer_norm(x, (1024,), w)), [(512, 1024), (1024,)], 1)]
     for fn, shapes, want in cases:
-        plan = _plan(fn, *[torch.randn(*s) for s in shapes])
+        plan = plan_of(fn, *[torch.randn(*s) for s in shapes])
         (tile,) = [t for t in plan.tiles if len(t.ops) > 1]
         assert autotune.rule_buffering(tile, plan.graph, hw) == want, (shapes, tile.ops)
 
 
 @needs_pypto
 def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
-    plan = _plan(lambda x, y: torch.softmax(x, -1) * y, torch.randn(256, 1024), torch.randn(256, 1024))
+    plan = plan_of(lambda x, y: torch.softmax(x, -1) * y, torch.randn(256, 1024), torch.randn(256, 1024))
     tunings = autotune.tune_plan(plan, seconds=300, limit=3)
     (t,) = tunings.values()
     assert t.rule is not None and t.rule.cycles and t.chosen is not None
@@ -151,7 +151,7 @@ def test_tuned_never_slower_than_rule_and_cached(tiling_cache):
     (tile,) = plan.tiles
     cases = [c for cand in t.tried if cand.cycles
              for c in verify.tile_case(dataclasses.replace(tile, tile_shape=cand.tile_shape),
-                                       plan.graph, kernel=autotune._emit(
+                                       plan.graph, kernel=autotune.emit_candidate(
                                            tile, plan.graph, cand.tile_shape, plan.hardware))]
     checks = verify.verify_kernels(cases)
     assert len(checks) >= 2 and all(c.verified is True for c in checks), checks
@@ -198,7 +198,7 @@ def test_cache_reused_by_another_process(tiling_cache):
 def test_time_bound_honoured(tiling_cache):
     """With no time left after the rule's kernels, no candidate is simulated, the tuning
     says it timed out, keeps the rule's tile and is not cached (it could still improve)."""
-    plan = _plan(lambda x, y: torch.relu(x * y) + x, torch.randn(512, 512), torch.randn(512, 512))
+    plan = plan_of(lambda x, y: torch.relu(x * y) + x, torch.randn(512, 512), torch.randn(512, 512))
     (t,) = autotune.tune_plan(plan, seconds=1e-3).values()
     assert t.timed_out
     assert [c.rule for c in t.tried] == [True]

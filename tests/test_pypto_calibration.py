@@ -87,7 +87,7 @@ def test_calibration_kernels_compute_the_right_values():
     for name in NAMES:
         _category, fn, inputs = cands[name]
         with torch.no_grad():
-            plans = cal._plans(fn, inputs, cal.FORCE) + cal._plans(fn, inputs, cal.THRESHOLD)
+            plans = cal.plans_at(fn, inputs, cal.FORCE) + cal.plans_at(fn, inputs, cal.THRESHOLD)
         for plan in plans:
             for tile in plan.tiles:
                 for case in verify.tile_case(tile, plan.graph):

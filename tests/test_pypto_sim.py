@@ -35,7 +35,7 @@ from pypto_inductor.models import LayerNormGeluResidual  # noqa: E402
 R, C = 64, 256
 
 
-def _x(*shape, dtype=torch.float32):
+def rand_x(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
 
@@ -43,49 +43,49 @@ def _x(*shape, dtype=torch.float32):
 FAMILIES = {
     "unary": (lambda x: torch.exp(x) + torch.relu(x) + torch.sigmoid(x) + torch.sqrt(x.abs())
               + torch.rsqrt(x.abs() + 1) + torch.log(x.abs() + 1) - torch.neg(x)
-              + torch.reciprocal(x + 3), (_x(R, C),), {"exp", "relu", "sigmoid", "rsqrt", "log"}),
+              + torch.reciprocal(x + 3), (rand_x(R, C),), {"exp", "relu", "sigmoid", "rsqrt", "log"}),
     "rounding_trig": (lambda x: torch.sin(x) + torch.cos(x) + torch.floor(x) + torch.ceil(x)
                       + torch.trunc(x) + torch.round(x) + torch.sign(x) + torch.exp2(x)
-                      + torch.expm1(x) + torch.log1p(x.abs()), (_x(R, C),),
+                      + torch.expm1(x) + torch.log1p(x.abs()), (rand_x(R, C),),
                       {"sin", "floor", "exp2", "log1p"}),
     "activations": (lambda x: torch.tanh(x) + F.silu(x) + F.gelu(x) + F.gelu(x, approximate="tanh")
                     + F.leaky_relu(x, 0.1) + F.hardswish(x) + F.hardsigmoid(x) + F.softplus(x)
-                    + F.elu(x) + F.mish(x) + torch.erf(x), (_x(R, C),),
+                    + F.elu(x) + F.mish(x) + torch.erf(x), (rand_x(R, C),),
                     {"tanh", "gelu", "silu", "leaky_relu", "softplus", "elu", "erf"}),
     "binary_scalar": (lambda x, y: (x + y) * (x - y) / (y.abs() + 1) + torch.maximum(x, y)
                       + torch.minimum(x, y) + x ** 2 + (2.0 - x) + 3.0 / (x.abs() + 1)
-                      + torch.pow(x.abs(), 1.5), (_x(R, C), _x(R, C)),
+                      + torch.pow(x.abs(), 1.5), (rand_x(R, C), rand_x(R, C)),
                       {"add", "sub", "mul", "div", "maximum", "pow"}),
     "compare_where": (lambda x, y: torch.where(x > y, x, y) + torch.where(x <= 0.5, 1.0, x)
-                      + torch.clamp(x, -1, 1) + (x == y).float(), (_x(R, C), _x(R, C)),
+                      + torch.clamp(x, -1, 1) + (x == y).float(), (rand_x(R, C), rand_x(R, C)),
                       {"gt", "where", "clamp", "eq"}),
-    "cast_fp16": (lambda x: (x.float() * 2).half() + x, (_x(R, C, dtype=torch.float16),),
+    "cast_fp16": (lambda x: (x.float() * 2).half() + x, (rand_x(R, C, dtype=torch.float16),),
                   {"cast"}),
-    "cast_int": (lambda x: (x * 10).to(torch.int32).float() + x, (_x(R, C),), {"cast"}),
+    "cast_int": (lambda x: (x * 10).to(torch.int32).float() + x, (rand_x(R, C),), {"cast"}),
     # float -> bool is "nonzero", not a rounded cast (0.3 is True)
-    "cast_bool": (lambda x: (x * 0.3).bool().float() + x, (_x(R, C),), {"cast"}),
+    "cast_bool": (lambda x: (x * 0.3).bool().float() + x, (rand_x(R, C),), {"cast"}),
     "cast_int_bool": (lambda m, x: torch.where(m.bool(), x, 0.0),
-                      (torch.randint(-3, 3, (R, C)), _x(R, C)), {"cast", "where"}),
-    "broadcast": (lambda x, b: torch.relu(x + b) * b, (_x(R, C), _x(C)), {"add"}),
+                      (torch.randint(-3, 3, (R, C)), rand_x(R, C)), {"cast", "where"}),
+    "broadcast": (lambda x, b: torch.relu(x + b) * b, (rand_x(R, C), rand_x(C)), {"add"}),
     "reductions": (lambda x: x.sum(-1, keepdim=True) + x.mean(-1, keepdim=True)
                    + x.amax(-1, keepdim=True) + x.amin(-1, keepdim=True)
-                   + x.var(-1, keepdim=True), (_x(R, C),), {"sum", "mean", "amax", "amin", "var"}),
-    "reduce_leading": (lambda x: x.sum(0), (_x(R, C),), {"sum"}),
-    "softmax": (lambda x: torch.softmax(x, -1), (_x(R, C),), {"softmax"}),
-    "log_softmax": (lambda x: torch.log_softmax(x, -1), (_x(R, C),), {"log_softmax"}),
+                   + x.var(-1, keepdim=True), (rand_x(R, C),), {"sum", "mean", "amax", "amin", "var"}),
+    "reduce_leading": (lambda x: x.sum(0), (rand_x(R, C),), {"sum"}),
+    "softmax": (lambda x: torch.softmax(x, -1), (rand_x(R, C),), {"softmax"}),
+    "log_softmax": (lambda x: torch.log_softmax(x, -1), (rand_x(R, C),), {"log_softmax"}),
     "rms_norm": (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
-                 (_x(R, C), _x(C)), {"pow", "mean", "rsqrt"}),
-    "matmul": (lambda a, b: a @ b, (_x(R, C), _x(C, 128)), {"matmul"}),
+                 (rand_x(R, C), rand_x(C)), {"pow", "mean", "rsqrt"}),
+    "matmul": (lambda a, b: a @ b, (rand_x(R, C), rand_x(C, 128)), {"matmul"}),
     "matmul_epilogue": (lambda a, b, bias: torch.relu(torch.addmm(bias, a, b)),
-                        (_x(R, C), _x(C, 128), _x(128)), {"matmul", "add", "relu"}),
+                        (rand_x(R, C), rand_x(C, 128), rand_x(128)), {"matmul", "add", "relu"}),
     "matmul_fp16": (lambda a, b: torch.relu(a @ b),
-                    (_x(R, C, dtype=torch.float16), _x(C, 128, dtype=torch.float16)),
+                    (rand_x(R, C, dtype=torch.float16), rand_x(C, 128, dtype=torch.float16)),
                     {"matmul", "relu"}),
-    "bmm": (lambda a, b: torch.bmm(a, b), (_x(4, R, 128), _x(4, 128, R)), {"matmul"}),
+    "bmm": (lambda a, b: torch.bmm(a, b), (rand_x(4, R, 128), rand_x(4, 128, R)), {"matmul"}),
 }
 
 
-def _plan(fn, *inputs):
+def plan_of(fn, *inputs):
     rep = pypto_inductor.report(fn, *inputs, options={"hardware": "ascend-a2"})
     (graph,) = rep.graphs
     return graph.plan
@@ -111,7 +111,7 @@ def families(sim_cache, tmp_path_factory):
     try:
         kernels, owners, ops = [], [], {}
         for name, (fn, inputs, _) in FAMILIES.items():
-            plan = _plan(fn, *inputs)
+            plan = plan_of(fn, *inputs)
             ops[name] = {op.op for tile in plan.tiles for op in tile.ops}
             for tile in plan.tiles:
                 kernels.append(emit_tile(tile, plan.graph))
@@ -160,8 +160,8 @@ def test_dtype_mapping_and_tile_shapes(families):
 
 
 def test_fused_chain_simulates_fewer_cycles_than_separate_kernels(sim_cache):
-    x, y, z = (_x(512, 1024) for _ in range(3))
-    plan = _plan(lambda x, y, z: torch.relu((x + y) * z), x, y, z)
+    x, y, z = (rand_x(512, 1024) for _ in range(3))
+    plan = plan_of(lambda x, y, z: torch.relu((x + y) * z), x, y, z)
     (tile,) = plan.tiles
     assert tile.op_names == ["add", "mul", "relu"]
     sim = pypto_sim.simulate_tile(tile, plan.graph, plan.hardware)
@@ -203,7 +203,7 @@ def test_report_simulate_fills_tile_fields(sim_cache, tmp_path, monkeypatch):
 
 
 def test_op_without_pypto_form_is_recorded_not_raised(sim_cache):
-    plan = _plan(lambda x: torch.argmax(x, -1), _x(R, C))
+    plan = plan_of(lambda x: torch.argmax(x, -1), rand_x(R, C))
     (tile,) = plan.tiles
     with pytest.raises(PyptoEmitError, match="argmax has no pypto form"):
         emit_tile(tile, plan.graph)
@@ -213,7 +213,7 @@ def test_op_without_pypto_form_is_recorded_not_raised(sim_cache):
 
 
 def test_failed_kernel_is_an_error_string_and_the_batch_goes_on(sim_cache):
-    plan = _plan(lambda x: torch.relu(x), _x(R, C))
+    plan = plan_of(lambda x: torch.relu(x), rand_x(R, C))
     good = emit_tile(plan.tiles[0], plan.graph)
     bad = dataclasses.replace(good, source=good.source.replace("pypto.relu(", "pypto.no_such_op("))
     results = pypto_sim.simulate_kernels([bad, good], workers=1)
@@ -222,7 +222,7 @@ def test_failed_kernel_is_an_error_string_and_the_batch_goes_on(sim_cache):
 
 
 def test_single_op_tile_and_npu_build_path(families):
-    plan = _plan(lambda x, y: torch.relu(x + y), _x(R, C), _x(R, C))
+    plan = plan_of(lambda x, y: torch.relu(x + y), rand_x(R, C), rand_x(R, C))
     (tile,) = plan.tiles
     one = single_op_tile(tile.ops[1], plan.graph, tile.tile_shape, plan.hardware)
     assert one.ops == [tile.ops[1]] and one.outputs == [tile.ops[1].name]
@@ -260,11 +260,11 @@ def _simulate_both_sizes(out: dict) -> dict:
     return {name: (k, s, l, next(results), next(results)) for name, (k, s, l) in out.items()}
 
 
-def _dynamic_tiles(fn, x, *rest):
+def dynamic_tiles(fn, x, *rest):
     """FusionTiles of ``fn`` with x's leading two dims dynamic (the trailing one static)."""
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.mark_dynamic(x, 1)
-    plan = _plan(fn, x, *rest)
+    plan = plan_of(fn, x, *rest)
     return plan, plan.graph.specs[plan.graph.inputs[-1 - len(rest)]].shape
 
 
@@ -280,7 +280,7 @@ def dynamic_runs(sim_cache):
     """Each dynamic kernel simulated at two sizes in one batch: name -> (kernel, results)."""
     out = {}
     for name, fn in DYNAMIC.items():
-        plan, x_shape = _dynamic_tiles(fn, _x(4, 48, C), _x(C))
+        plan, x_shape = dynamic_tiles(fn, rand_x(4, 48, C), rand_x(C))
         (tile,) = plan.tiles
         kernel = emit_tile(tile, plan.graph)
         rows = x_shape[:2]  # (s0, s1): the tile's rows are s0*s1
@@ -308,7 +308,7 @@ def test_dynamic_kernel_simulates_at_two_sizes_with_one_source(dynamic_runs, nam
 
 
 def test_dynamic_launcher_reshapes_per_call():
-    plan, _ = _dynamic_tiles(DYNAMIC["row_reduction"], _x(4, 48, C), _x(C))
+    plan, _ = dynamic_tiles(DYNAMIC["row_reduction"], rand_x(4, 48, C), rand_x(C))
     (tile,) = plan.tiles
     kernel = emit_tile(tile, plan.graph, run_mode="NPU")
     seen = []
@@ -338,12 +338,12 @@ def _layer_norm_var(x, w):
 DYNAMIC_COLUMNS = {
     # rows s0*s1 and reduced length s2 dynamic: softmax (max, sum of exp) and mean
     "softmax_mean": (lambda x: torch.softmax(x, -1) + x.mean(-1, keepdim=True),
-                     lambda: (_mark(_x(4, 48, C), 0, 1, 2),), ((2, 50, 200), (4, 100, 700))),
+                     lambda: (_mark(rand_x(4, 48, C), 0, 1, 2),), ((2, 50, 200), (4, 100, 700))),
     # static rows, dynamic reduced length: mean, var (two passes), a (1, C) weight
-    "layer_norm": (_layer_norm_var, lambda: (_mark(_x(64, C), 1), _mark(_x(C), 0)),
+    "layer_norm": (_layer_norm_var, lambda: (_mark(rand_x(64, C), 1), _mark(rand_x(C), 0)),
                    ((200,), (700,))),
     # pointwise, every dim dynamic: one loop over column chunks inside the row loop
-    "pointwise": (lambda x: torch.relu(x) * 2, lambda: (_mark(_x(64, C), 0, 1),),
+    "pointwise": (lambda x: torch.relu(x) * 2, lambda: (_mark(rand_x(64, C), 0, 1),),
                   ((50, 200), (300, 700))),
 }
 
@@ -352,7 +352,7 @@ DYNAMIC_COLUMNS = {
 def dynamic_column_runs(sim_cache):
     out = {}
     for name, (fn, inputs, (small, large)) in DYNAMIC_COLUMNS.items():
-        plan = _plan(fn, *inputs())
+        plan = plan_of(fn, *inputs())
         (tile,) = plan.tiles
         kernel = emit_tile(tile, plan.graph)
         x = plan.graph.specs[tile.inputs[0]].shape
@@ -396,7 +396,7 @@ def test_dynamic_columns_simulate_at_two_sizes_with_one_source(dynamic_column_ru
 
 def test_dynamic_rows_and_columns_launcher_reshapes_per_call():
     fn, inputs, _ = DYNAMIC_COLUMNS["softmax_mean"]
-    plan = _plan(fn, *inputs())
+    plan = plan_of(fn, *inputs())
     (tile,) = plan.tiles
     kernel = emit_tile(tile, plan.graph, run_mode="NPU")
     (x,) = kernel.inputs
@@ -413,42 +413,42 @@ def test_dynamic_rows_and_columns_launcher_reshapes_per_call():
 
 
 def test_dynamic_cases_not_supported_yet_name_themselves():
-    plan = _plan(lambda x: (x * 3).to(torch.int32).sum(-1), _mark(_x(4, 48, C), 2))
+    plan = plan_of(lambda x: (x * 3).to(torch.int32).sum(-1), _mark(rand_x(4, 48, C), 2))
     tile = next(t for t in plan.tiles if "sum" in t.op_names)
     with pytest.raises(PyptoEmitError, match="reduction over a dynamic reduced extent is not "
                                              "supported yet"):
         emit_tile(tile, plan.graph)
-    plan, _ = _dynamic_tiles(lambda x: x.sum(0), _x(4, 48, C))
+    plan, _ = dynamic_tiles(lambda x: x.sum(0), rand_x(4, 48, C))
     with pytest.raises(PyptoEmitError, match="leading extent .* is not supported yet"):
         emit_tile(plan.tiles[0], plan.graph)
     # batched matmul with a dynamic batch; a dynamic K (x @ x^T)
-    x, w = _x(4, 48, C), _x(4, C, 128)
+    x, w = rand_x(4, 48, C), rand_x(4, C, 128)
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.mark_dynamic(w, 0)
-    plan = _plan(lambda x, w: torch.bmm(x, w), x, w)
+    plan = plan_of(lambda x, w: torch.bmm(x, w), x, w)
     with pytest.raises(PyptoEmitError, match="not supported yet in batched matmul tiles"):
         emit_tile(next(t for t in plan.tiles if "matmul" in t.op_names), plan.graph)
-    plan = pypto_inductor.report(lambda x, w: x @ w, _x(64, C), _x(C, 128), dynamic=True,
+    plan = pypto_inductor.report(lambda x, w: x @ w, rand_x(64, C), rand_x(C, 128), dynamic=True,
                                  options={"hardware": "ascend-a2"}).graphs[0].plan
     with pytest.raises(PyptoEmitError, match="dynamic K or N extent .* not supported yet"):
         emit_tile(next(t for t in plan.tiles if "matmul" in t.op_names), plan.graph)
 
 
 # --- dynamic M in a matmul tile: x @ W with its epilogue, in row tiles of M -----------------
-def _matmul_epilogue(x, w, b, r):
+def matmul_epilogue_fn(x, w, b, r):
     return torch.relu(x @ w + b) + r
 
 
 @pytest.fixture(scope="module")
 def dynamic_matmul(sim_cache):
     """x [s0, s1, 256] @ W [256, 128] + bias, relu, + residual: one tile, two sizes simulated."""
-    x, r = _x(4, 48, C), _x(4, 48, 128)
+    x, r = rand_x(4, 48, C), rand_x(4, 48, 128)
     for t in (x, r):
         torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(t, 1)
     # A low ROI threshold keeps the epilogue in the matmul's tile (the fitted A2 model
     # keeps a matmul this small apart from its epilogue).
-    rep = pypto_inductor.report(_matmul_epilogue, x, _x(C, 128), _x(128), r,
+    rep = pypto_inductor.report(matmul_epilogue_fn, x, rand_x(C, 128), rand_x(128), r,
                                 options={"hardware": "ascend-a2", "roi_threshold": 0.5})
     plan = rep.graphs[0].plan
     (tile,) = plan.tiles
@@ -485,11 +485,11 @@ def test_dynamic_matmul_epilogue_simulates_at_two_sizes_with_one_source(dynamic_
 
 
 def test_dynamic_matmul_launcher_reshapes_per_call():
-    x, r = _x(4, 48, C), _x(4, 48, 128)
+    x, r = rand_x(4, 48, C), rand_x(4, 48, 128)
     for t in (x, r):
         torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(t, 1)
-    plan = pypto_inductor.report(_matmul_epilogue, x, _x(C, 128), _x(128), r, options={
+    plan = pypto_inductor.report(matmul_epilogue_fn, x, rand_x(C, 128), rand_x(128), r, options={
         "hardware": "ascend-a2", "roi_threshold": 0.5}).graphs[0].plan
     (tile,) = plan.tiles
     kernel = emit_tile(tile, plan.graph, run_mode="NPU")
@@ -507,15 +507,15 @@ def test_dynamic_matmul_launcher_reshapes_per_call():
 
 
 # --- splitting a FusionTile at an op with no pypto form ------------------------------------
-def _with_bitwise_not(x, y):
+def with_bitwise_not(x, y):
     a = torch.relu(x + y)
     return torch.where(~(a > 0.5), a * 2, x) + 1
 
 
 def test_tile_split_at_op_without_pypto_form(sim_cache, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    x, y = _x(R, C), _x(R, C)
-    rep = pypto_inductor.report(_with_bitwise_not, x, y, options={"simulate": True})
+    x, y = rand_x(R, C), rand_x(R, C)
+    rep = pypto_inductor.report(with_bitwise_not, x, y, options={"simulate": True})
     plan = rep.graphs[0].plan
     (tile,) = plan.tiles  # the planner keeps one tile: splitting is the target's business
     assert "bitwise_not" in tile.op_names
@@ -548,12 +548,12 @@ def test_tile_split_at_op_without_pypto_form(sim_cache, tmp_path, monkeypatch):
     run = npu.build_split(split, plan.graph, reference.build)
     assert run.split_ops == ["bitwise_not"]
     (out,) = run([x, y], ())
-    torch.testing.assert_close(out, _with_bitwise_not(x, y))
+    torch.testing.assert_close(out, with_bitwise_not(x, y))
 
 
 def test_prod_splits_because_the_simulator_has_no_rowprod(sim_cache, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    rep = pypto_inductor.report(lambda x: x.prod(-1, keepdim=True) * 2 + x, _x(R, C),
+    rep = pypto_inductor.report(lambda x: x.prod(-1, keepdim=True) * 2 + x, rand_x(R, C),
                                 options={"simulate": True})
     (entry,) = rep.to_dict()["graphs"][0]["fusion_tiles"]
     assert entry["split_ops"] == ["prod"]

@@ -32,7 +32,7 @@ from pypto_inductor.models import ZOO, build  # noqa: E402
 NO_KERNEL_OPS = {("arange",), ("cat",)}
 
 
-def _plan(fn, *inputs, **options):
+def plan_of(fn, *inputs, **options):
     rep = pypto_inductor.report(fn, *inputs, options={"hardware": "ascend-a2", **options})
     return [g.plan for g in rep.graphs if g.plan is not None]
 
@@ -42,7 +42,7 @@ def zoo_checks():
     groups, ops = [], {}
     for name in ZOO:
         model, inputs = build(name)
-        for plan in _plan(model, *inputs):
+        for plan in plan_of(model, *inputs):
             groups.append((plan.tiles, plan.graph))
             ops.update({t.name: tuple(op.op for op in t.ops) for t in plan.tiles})
     assert len(ops) == sum(len(ts) for ts, _ in groups), "tile names must be unique"
@@ -74,7 +74,7 @@ def test_every_op_family_kernel_is_verified():
     from test_pypto_sim import FAMILIES
     groups = []
     for name, (fn, inputs, _) in FAMILIES.items():
-        groups += [(p.tiles, p.graph) for p in _plan(fn, *inputs)]
+        groups += [(p.tiles, p.graph) for p in plan_of(fn, *inputs)]
     checks = verify.verify_graphs(groups)
     assert len(checks) >= len(FAMILIES)
     bad = {n: (c.verified, c.max_abs_err, c.verify_error) for n, c in checks.items()
@@ -107,7 +107,7 @@ def _dynamic_cases():
     import test_pypto_sim as T
     out = []  # (name, sizes, case)
     for name, fn in T.DYNAMIC.items():
-        plan, x_shape = T._dynamic_tiles(fn, T._x(4, 48, T.C), T._x(T.C))
+        plan, x_shape = T.dynamic_tiles(fn, T.rand_x(4, 48, T.C), T.rand_x(T.C))
         (tile,) = plan.tiles
         kernel = emit_tile(tile, plan.graph)
         for sizes in ((2, 50), (3, 7)):
@@ -115,7 +115,7 @@ def _dynamic_cases():
             out += [(name, sizes, c) for c in verify.tile_case(tile, plan.graph, sizes,
                                                                 kernel=kernel)]
     for name, (fn, inputs, (small, _large)) in T.DYNAMIC_COLUMNS.items():
-        plan = T._plan(fn, *inputs())
+        plan = T.plan_of(fn, *inputs())
         (tile,) = plan.tiles
         kernel = emit_tile(tile, plan.graph)
         syms = [s for s in plan.graph.specs[tile.inputs[0]].shape if isinstance(s, sympy.Symbol)]
@@ -124,11 +124,11 @@ def _dynamic_cases():
             sizes = dict(zip(syms, values))
             out += [(name, sizes, c)
                     for c in verify.tile_case(tile, plan.graph, sizes, kernel=kernel)]
-    x, r = T._x(4, 48, T.C), T._x(4, 48, 128)
+    x, r = T.rand_x(4, 48, T.C), T.rand_x(4, 48, 128)
     for t in (x, r):
         torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(t, 1)
-    (plan,) = _plan(T._matmul_epilogue, x, T._x(T.C, 128), T._x(128), r, roi_threshold=0.5)
+    (plan,) = plan_of(T.matmul_epilogue_fn, x, T.rand_x(T.C, 128), T.rand_x(128), r, roi_threshold=0.5)
     (tile,) = plan.tiles
     kernel = emit_tile(tile, plan.graph)
     rows = plan.graph.specs[tile.inputs[-1]].shape[:2]
@@ -167,19 +167,19 @@ def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
     from pypto_inductor.codegen.pypto.emit import single_op_tile
     from pypto_inductor.models import LayerNormGeluResidual
     groups = []
-    (plan,) = _plan(lambda x, y, z: torch.relu((x + y) * z), *(T._x(512, 1024) for _ in range(3)))
+    (plan,) = plan_of(lambda x, y, z: torch.relu((x + y) * z), *(T.rand_x(512, 1024) for _ in range(3)))
     (tile,) = plan.tiles
     singles = [single_op_tile(op, plan.graph, tile.tile_shape, plan.hardware) for op in tile.ops]
     groups += [(plan.tiles, plan.graph)] + [([t], plan.graph) for t in singles]
-    groups += [(p.tiles, p.graph) for p in _plan(LayerNormGeluResidual(256).eval(),
+    groups += [(p.tiles, p.graph) for p in plan_of(LayerNormGeluResidual(256).eval(),
                                                   torch.randn(4, 16, 256))]
     # the relu kernel the failed-batch test simulates; the SIM twin of the NPU-mode
     # relu(x + y) kernel the build-path test emits (same source but RUN_MODE, never run)
-    groups += [(p.tiles, p.graph) for p in _plan(lambda x: torch.relu(x), T._x(T.R, T.C))]
+    groups += [(p.tiles, p.graph) for p in plan_of(lambda x: torch.relu(x), T.rand_x(T.R, T.C))]
     groups += [(p.tiles, p.graph)
-               for p in _plan(lambda x, y: torch.relu(x + y), T._x(T.R, T.C), T._x(T.R, T.C))]
-    for fn in (T._with_bitwise_not, lambda x, y: x.prod(-1, keepdim=True) * 2 + y):
-        groups += [(p.tiles, p.graph) for p in _plan(fn, T._x(T.R, T.C), T._x(T.R, T.C))]
+               for p in plan_of(lambda x, y: torch.relu(x + y), T.rand_x(T.R, T.C), T.rand_x(T.R, T.C))]
+    for fn in (T.with_bitwise_not, lambda x, y: x.prod(-1, keepdim=True) * 2 + y):
+        groups += [(p.tiles, p.graph) for p in plan_of(fn, T.rand_x(T.R, T.C), T.rand_x(T.R, T.C))]
     names = [t.name for ts, _ in groups for t in ts]
     if len(set(names)) < len(names):  # one-op tiles may share a name with another graph's
         checks = {}
@@ -200,7 +200,7 @@ def test_a_kernel_with_the_bias_added_twice_is_caught():
     def fn(a, b, bias):
         return torch.relu(a @ b + bias)
     a, b, bias = torch.randn(64, 128), torch.randn(128, 64), torch.randn(64)
-    (plan,) = _plan(fn, a, b, bias)
+    (plan,) = plan_of(fn, a, b, bias)
     (tile,) = [t for t in plan.tiles if any(op.op == "add" for op in t.ops)]
     kernel = emit_tile(tile, plan.graph)
     # inject the bug: the first add adds its second operand once more
@@ -266,7 +266,7 @@ def test_bool_counts_and_infinities_verify():
         valid = labels != -100
         return torch.where(x > 0, 0.0, float("-inf")), valid.sum(-1, keepdim=True).float() + x
     x, labels = torch.randn(32, 64), torch.randint(-1, 3, (32, 64))
-    (plan,) = _plan(fn, x, labels)
+    (plan,) = plan_of(fn, x, labels)
     checks = verify.verify_plan(plan)
     assert checks and all(c.verified is True for c in checks.values()), checks
 
@@ -279,7 +279,7 @@ def test_var_mean_mean_stays_finite_near_the_float_max():
         var, mean = torch.var_mean(x, -1, keepdim=True)
         return var, mean + 1.0
     x = torch.randn(8, 32)
-    (plan,) = _plan(fn, x)
+    (plan,) = plan_of(fn, x)
     (tile,) = [t for t in plan.tiles if any(op.op == "mean" for op in t.ops)]
     assert any(op.attrs.get("acc_dtype") == torch.float64 for op in tile.ops if op.op == "mean")
     kernel = emit_tile(tile, plan.graph)
@@ -305,7 +305,7 @@ def test_no_cmake_gives_a_reason_not_an_exception(tmp_path, monkeypatch):
                         lambda name, *a, **k: None if name == "cmake" else real_which(name, *a, **k))
     with pytest.raises(verify.VerifyUnavailable, match="cmake"):
         verify.calculator_library()
-    (plan,) = _plan(lambda x: torch.relu(x) * 2, torch.randn(16, 32))
+    (plan,) = plan_of(lambda x: torch.relu(x) * 2, torch.randn(16, 32))
     checks = verify.verify_plan(plan)
     for c in checks.values():
         assert c.verified is None and "cmake" in c.verify_error
@@ -343,7 +343,7 @@ def epilogue_runs():
     groups, emitted = [], []
     for dtype in (torch.float16, torch.bfloat16):
         for name, fn in EPILOGUES.items():
-            plans = _plan(fn, *_epilogue_inputs(256, 128, 256, dtype), hardware="host")
+            plans = plan_of(fn, *_epilogue_inputs(256, 128, 256, dtype), hardware="host")
             groups += [(p.tiles, p.graph) for p in plans]
             emitted += [(f"{name}/{dtype}", *e) for e in _emit_all(plans)]
     sims = pypto_sim.simulate_kernels([k for *_, k in emitted])
@@ -376,7 +376,7 @@ def test_a_tile_pypto_rejects_is_retried_smaller(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(pypto_writer, "vec_operands", lambda tile: 1)
-    (plan,) = _plan(lambda a, w, b: F.gelu(a @ w + b),
+    (plan,) = plan_of(lambda a, w, b: F.gelu(a @ w + b),
                     *_epilogue_inputs(256, 128, 256, torch.float16)[:3])
     (tile,) = [t for t in plan.tiles if any(op.op == "matmul" for op in t.ops)]
     sim = pypto_sim.simulate_tiles([tile], plan.graph)[tile.name]
@@ -410,7 +410,7 @@ def test_planner_legal_tiles_compile_in_pypto(kind, m, k, n, dtype):
     each of its kernels verifies in pypto's interpreter."""
     shapes, fn = SHAPE_FNS[kind]
     inputs = [torch.randn(*s).to(dtype) for s in shapes(m, k, n)]
-    plans = _plan(fn, *inputs)
+    plans = plan_of(fn, *inputs)
     legal = [(t, p.graph) for p in plans for t in p.tiles
              if int(t.footprint_bytes) <= int(t.capacity_bytes)]
     kernels = [emit_tile(t, g) for t, g in legal]

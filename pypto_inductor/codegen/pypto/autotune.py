@@ -313,7 +313,7 @@ def candidate_shapes(tile: FusionTile, graph: TileGraph, hw, limit: int = 8) -> 
 
 
 # --- tuning ----------------------------------------------------------------------------------
-def _emit(tile: FusionTile, graph: TileGraph, shape: tuple, hw):
+def emit_candidate(tile: FusionTile, graph: TileGraph, shape: tuple, hw):
     return emit_tile(dataclasses.replace(tile, tile_shape=tuple(shape)), graph, run_mode="SIM",
                      hw=hw)
 
@@ -353,7 +353,7 @@ def tune_tiles(tiles: list[FusionTile], graph: TileGraph, hw, seconds: float = D
         for shape, b in [(tuple(tile.tile_shape), b0)] + candidate_shapes(tile, graph, hw, limit):
             c = Candidate(tuple(shape), b, rule=not cands)
             try:
-                k = _emit(tile, graph, shape, hw)
+                k = emit_candidate(tile, graph, shape, hw)
             except Exception as e:  # noqa: BLE001 - a shape the emitter refuses
                 c.error = f"emit: {type(e).__name__}: {e}"[:200]
                 tuning.tried.append(c)
