@@ -144,14 +144,14 @@ PI_INLINE float pi_exp_core(float x) {
   float xc = x < -104.0f ? 0.0f : x;
   xc = xc > 88.7228394f ? 88.7228394f : xc;
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = std::fma(n, 2.12194440e-4f, xc - n * 0.693359375f);
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
   const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   return p * pi_f((uint32_t)(n1 + 127) << 23) * pi_f((uint32_t)(n2 + 127) << 23);
 }
@@ -170,11 +170,8 @@ PI_INLINE float pi_exp_d(float x) {
 }
 PI_INLINE float pi_tanh(float x) {
   const float a = std::fabs(x), s = x * x;
-  float p = std::fma(-5.70498872745e-3f, s, 2.06390887954e-2f);
-  p = std::fma(p, s, -5.37397155531e-2f);
-  p = std::fma(p, s, 1.33314422036e-1f);
-  p = std::fma(p, s, -3.33332819422e-1f);
-  p = std::fma(p * s, a, a);
+  const float p = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s
+                   + 1.33314422036e-1f) * s - 3.33332819422e-1f) * s * a + a;
   const float q = 1.0f - 2.0f / (pi_exp(a + a) + 1.0f);
   return std::copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
 }
@@ -188,17 +185,17 @@ PI_INLINE float pi_erf(float x) {
   const float c = a > 4.0f ? 4.0f : a;  // NaN passes and stays NaN
   const float z = c * c;
   float p = -2.72614225801306e-10f;
-  p = std::fma(p, z, 2.77068142495902e-08f);
-  p = std::fma(p, z, -2.10102402082508e-06f);
-  p = std::fma(p, z, -5.69250639462346e-05f);
-  p = std::fma(p, z, -7.34990630326855e-04f);
-  p = std::fma(p, z, -2.95459980854025e-03f);
-  p = std::fma(p, z, -1.60960333262415e-02f);
+  p = p * z + 2.77068142495902e-08f;
+  p = p * z - 2.10102402082508e-06f;
+  p = p * z - 5.69250639462346e-05f;
+  p = p * z - 7.34990630326855e-04f;
+  p = p * z - 2.95459980854025e-03f;
+  p = p * z - 1.60960333262415e-02f;
   float q = -1.45660718464996e-05f;
-  q = std::fma(q, z, -2.13374055278905e-04f);
-  q = std::fma(q, z, -1.68282697438203e-03f);
-  q = std::fma(q, z, -7.37332916720468e-03f);
-  q = std::fma(q, z, -1.42647390514189e-02f);
+  q = q * z - 2.13374055278905e-04f;
+  q = q * z - 1.68282697438203e-03f;
+  q = q * z - 7.37332916720468e-03f;
+  q = q * z - 1.42647390514189e-02f;
   float e = p / q * c;  // c last: a denormal x rounds once
   e = e > 1.0f ? 1.0f : e;  // the fit exceeds 1 by up to 2e-7 past 3.61
   e = a >= 3.92f ? 1.0f : e;
