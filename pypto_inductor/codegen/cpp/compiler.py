@@ -289,6 +289,9 @@ def compile_library(source: str, compiler, out: Path, extra_flags=()) -> None:
     tmp = str(out.with_name(f"{out.stem}.build.so.tmp"))
     cmd = [path, *flags, str(src), "-o", tmp]
     try:
+        # there from the start (g++ writes -o only when it links): a build killed while
+        # compiling leaves a temporary that the next process's sweep finds
+        Path(tmp).touch()
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:
             err = (result.stderr or result.stdout).strip()
