@@ -12,12 +12,14 @@ passes over the columns, in op order:
 - one column loop per reduction stage: the pointwise ops its input needs are
   (re)computed per chunk from the inputs and the per-row values known so far;
   ``sum``/``amax``/``amin`` are one stage, ``mean`` a sum divided by the column
-  count (a sum of ones over the chunks, see ``_count``), ``var``/``std`` a mean
+  count (a sum of ones over the chunks, see ``_count``; in a tile with var_mean's
+  ``acc_dtype`` mean, the fp32 sum of x / count, see ``_wide_mean``), ``var``/``std`` a mean
   then a sum of squared deviations, ``logsumexp``/``softmax``/``log_softmax`` a max then a sum of
   exponentials (softmax's result is recomputed per chunk where it is used);
 - per-row ops (``(R, 1)`` and ``(1, 1)`` values) once, between the loops;
 - a last column loop computing and ``pypto.assemble``-ing every output that
-  spans the columns; per-row outputs are stored after it.
+  spans the columns; per-row outputs are stored as soon as they are known
+  (``_store_known``).
 
 Pointwise tiles with dynamic columns are the case with no reduction: one loop.
 With dynamic rows too, all of this runs inside the row loop (:mod:`.rows`).
@@ -28,6 +30,8 @@ Integer reductions are refused (the accumulators are float).
 from __future__ import annotations
 
 from typing import Callable
+
+import torch
 
 from ...ir import OpKind, TileOp
 from .kernel import KernelParam, PyptoEmitError
@@ -67,6 +71,23 @@ STAGES: dict[str, list[Stage]] = {
 _FULL_RESULT = {"softmax", "log_softmax"}  # results span the columns: recomputed per chunk
 
 
+def _wide_mean(w: Writer) -> bool:
+    """A mean in the tile carries ``acc_dtype`` (var_mean's: eager sums it in double).
+    Then, as in the static form (``ops._mean_of``), every row mean of the tile is the
+    fp32 sum of x / C, finite wherever the mean is, where the sum of x overflows near
+    the float max; the count loop then runs before the sum (one more div per element)."""
+    return any(o.op == "mean" and o.attrs.get("acc_dtype") is not None for o in w.tile.ops)
+
+
+def _scaled_sum(w: Writer, inv: str) -> Callable:
+    """A chunk's partial sum of x / C (``inv``: 1 / C per row), in fp32."""
+    def partial(em: Writer, x: str, accs: list) -> str:
+        if em.compute != torch.float32:
+            x = em.tmp(f"pypto.cast({x}, {em.dt(torch.float32)})")
+        return f"pypto.sum(pypto.mul({x}, {inv}), 1, True)"
+    return partial
+
+
 def dims(kshape: tuple[int, ...], spans_cols: bool) -> tuple:
     return (kshape[0], DIM) + tuple(kshape[2:]) if spans_cols else tuple(kshape)
 
@@ -81,6 +102,9 @@ class ColumnPasses:
         self.lazy_inputs: dict[str, KernelParam] = {}  # column-spanning inputs, loaded per chunk
         self.deferred: dict[str, tuple] = {}  # column-spanning values: how to recompute them
         self._c0 = self._cn = ""  # the current column loop's chunk offset and valid width
+        self.means: dict[str, str] = {}  # operand -> its row mean (var and mean share it)
+        self.inv: str | None = None  # 1 / C per row, for var_mean's scaled mean
+        self.stored: set[str] = set()  # per-row outputs, stored as soon as they are known
 
     @staticmethod
     def declaration() -> str:
@@ -111,6 +135,7 @@ class ColumnPasses:
                     raise PyptoEmitError(op.op, f"a per-row result of {wide} over the dynamic "
                                          "columns that is not a reduction")
                 w.env[op.name], w.dtype[op.name] = handler(w, op)
+            self._store_known(outputs)
         wide = [p for p in outputs if w.layout.spans_cols(p.shape)]
         if wide:
             def body(env: dict) -> None:
@@ -119,6 +144,20 @@ class ColumnPasses:
                     w.lines.append(w.loop_store(w.store_expr(p, env[p.value]), p.ident,
                                                 col=self._c0))
             self._pass(body)
+
+    def _store_known(self, outputs: list[KernelParam]) -> None:
+        """Store the per-row outputs known so far, before any later column loop.
+
+        pypto's interpreter loses a per-row value stored with ``out[:] = t`` after a
+        column loop that follows its computation: var_mean's var (computed, then the
+        mean's loop, then stored) came out zeros or garbage, where a store right after
+        it, or of ``pypto.add(t, 0.0)`` at the end, verified."""
+        w = self.w
+        for p in outputs:
+            if p.value in w.env and p.ident not in self.stored \
+                    and not w.layout.spans_cols(p.shape):
+                w.lines.append(w.loop_store(w.store_expr(p, w.env[p.value]), p.ident))
+                self.stored.add(p.ident)
 
     def _pass(self, body: Callable[[dict], None]) -> None:
         """One loop over the column chunks; ``body`` fills it given the chunk's env."""
@@ -177,10 +216,25 @@ class ColumnPasses:
             raise PyptoEmitError(op.op, f"a {src} -> {op.out.dtype} reduction over a dynamic "
                                  "reduced extent is not supported yet (accumulators are float)")
         rows = w.layout.body_rows
-        dt = w.dt(w.compute)
+        dt, f32 = w.dt(w.compute), w.dt(torch.float32)
         per_row: list[str] = []  # per-row values after each stage (a mean for var's second)
+        moment = op.op in ("mean", "var", "std")
+        scaled = moment and _wide_mean(w)
+        if moment and op.args[0] in self.means:  # var and mean of one input share it
+            per_row.append(self.means[op.args[0]])
+            stages = stages[1:]
+        elif scaled:  # the mean as a sum of x / C: the count first, then the scaled sum
+            count = self._count(0)
+            if w.compute != torch.float32:
+                count = w.tmp(f"pypto.cast({count}, {f32})")
+            # 1 / C per row (pypto broadcasts a (1, 1) over one axis at a time), shared
+            if self.inv is None:
+                self.inv = w.tmp(f"pypto.div(pypto.full([{rows}, 1], 1.0, {f32}), {count})",
+                                 "inv")
+            stages = [("0.0", _scaled_sum(w, self.inv), "add")] + stages[1:]
         for init, partial, combine in stages:
-            acc = w.tmp(f"pypto.full([{rows}, 1], {init}, {dt})", "acc")
+            acc_dt = f32 if scaled and not per_row else dt
+            acc = w.tmp(f"pypto.full([{rows}, 1], {init}, {acc_dt})", "acc")
 
             def body(env: dict, acc=acc, partial=partial, combine=combine) -> None:
                 self._need(op.args[0], env)
@@ -188,8 +242,12 @@ class ColumnPasses:
                 w.lines.append(f"{acc}[:] = pypto.{combine}({acc}, {partial(w, x, per_row)})")
             self._pass(body)
             per_row.append(acc)
-            if op.op in ("mean", "var", "std") and len(per_row) == 1:
+            if scaled and len(per_row) == 1 and w.compute != torch.float32:
+                per_row[0] = w.tmp(f"pypto.cast({acc}, {dt})")
+            elif moment and len(per_row) == 1 and not scaled:
                 per_row[0] = w.tmp(f"pypto.div({acc}, {self._count(0)})")
+            if moment and len(per_row) == 1:
+                self.means[op.args[0]] = per_row[0]
         if op.op in _FULL_RESULT:
             self.deferred[op.name] = ("softmax", op, per_row)
             w.dtype[op.name] = w.compute

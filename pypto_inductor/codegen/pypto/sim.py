@@ -47,7 +47,7 @@ from .emit import PyptoEmitError, PyptoKernel, emit_tile, single_op_tile, split_
 
 __all__ = ["SimResult", "TileSimulation", "pypto_available", "simulate_kernels",
            "simulate_tile", "simulate_plan", "parse_total_cycles", "parse_stats", "task_span",
-           "emit_variants", "LAUNCH_CYCLES"]
+           "emit_variants", "unfused_kernels", "LAUNCH_CYCLES"]
 
 _WORKER_VERSION = "2"  # 2: keeps the Perfetto trace
 _TOTAL_CYCLES = re.compile(r"Total Cycles\.*:\s*(\d+)")
@@ -482,20 +482,40 @@ def emit_variants(tile: FusionTile, graph: TileGraph, hw, buffering: int):
 
 
 def _emit_singles(tile: FusionTile, graph: TileGraph, hw, buffering: int, skip: set,
-                  errors: list[str]) -> list:
-    """[(op name, one-op kernel or None)] for a multi-op tile's unfused variant."""
+                  errors: list[str], tiles: list | None = None) -> list:
+    """[(op name, one-op kernel or None)] for a multi-op tile's unfused variant
+    (``tiles``, when given, gets each kernel's one-op tile)."""
     singles = []
     if len(tile.ops) > 1:
         for op in tile.ops:
             if op.name in skip:
                 continue
             try:
-                singles.append((op.name, emit_tile(single_op_tile(op, graph, tile.tile_shape, hw,
-                                                                  buffering), graph, "SIM")))
+                one = single_op_tile(op, graph, tile.tile_shape, hw, buffering)
+                singles.append((op.name, emit_tile(one, graph, "SIM")))
+                if tiles is not None:
+                    tiles.append(one)
             except Exception as e:  # noqa: BLE001
                 singles.append((op.name, None))
                 errors.append(f"unfused {op.name} ({op.op}): {e}")
     return singles
+
+
+def unfused_kernels(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 2
+                    ) -> list[tuple[FusionTile, PyptoKernel]]:
+    """The one-op kernels :func:`simulate_tiles` costs as a tile's unfused variant, with
+    their one-op tiles (none for a one-op tile; ops a split leaves extern and ops whose
+    kernel fails to emit are left out, as there): what a value check of that cost
+    baseline runs (:func:`.verify.unfused_cases`)."""
+    skip = set()
+    try:
+        emit_tile(tile, graph, run_mode="SIM")
+    except PyptoEmitError:
+        split = split_tile(tile, graph)
+        skip = {op.name for op in split.split_ops} if split else set()
+    tiles: list[FusionTile] = []
+    singles = _emit_singles(tile, graph, hw, buffering, skip, [], tiles)
+    return list(zip(tiles, [k for _, k in singles if k is not None]))
 
 
 def _emit_split(tile: FusionTile, graph: TileGraph, hw, buffering: int):

@@ -257,8 +257,9 @@ class KernelWriter:
 
     def _stores(self, outputs: list[KernelParam]) -> None:
         for p in outputs:
-            if self.columns and self.layout.spans_cols(p.shape):
-                continue  # stored chunk by chunk in the last column pass
+            if self.columns and (self.layout.spans_cols(p.shape)
+                                 or p.ident in self.columns.stored):
+                continue  # stored chunk by chunk in the last column pass, or already
             self.lines.append(self.loop_store(self.store_expr(p, self.env[p.value]), p.ident))
 
     def _cube_tile(self) -> tuple[tuple[int, int], ...] | None:
