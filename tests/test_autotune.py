@@ -219,3 +219,14 @@ def test_report_shows_tuning(tiling_cache):
     assert tuning["cycles"] <= tuning["rule_cycles"]
     # the tile was simulated at the tuned shape
     assert tile["simulated_work_cycles_fused"] is not None
+    # ... fused and each op alone (the unfused cost baseline): those one-op kernels, at
+    # the tuned shape, compute their op (pypto's interpreter vs the reference executor)
+    import dataclasses
+
+    from pypto_inductor.codegen.pypto import verify
+    (plan,) = [g.plan for g in rep.graphs if g.plan is not None]
+    (t,) = plan.tiles
+    tuned = dataclasses.replace(t, tile_shape=tuple(tuning["tile_shape"]))
+    cases = verify.unfused_cases(tuned, plan.graph, plan.hardware)
+    assert len(cases) == len(tile["simulated_cycles_unfused_by_op"]) >= 2
+    assert all(c.verified is True for c in verify.verify_kernels(cases)), cases

@@ -79,8 +79,9 @@ def test_ascend_tiles_are_pypto_friendly_and_host_tiles_unchanged():
 
 
 def test_calibration_kernels_compute_the_right_values():
-    """The fused kernels these candidates simulate (the fuse-everything and the default
-    plan's tiles) also run in pypto's interpreter against the reference executor."""
+    """The kernels these candidates simulate (the fuse-everything and the default plan's
+    tiles, fused and each op alone) also run in pypto's interpreter against the
+    reference executor."""
     from pypto_inductor.codegen.pypto import verify
     cands = cal.candidates()
     cases, names = [], []
@@ -93,8 +94,19 @@ def test_calibration_kernels_compute_the_right_values():
                 for case in verify.tile_case(tile, plan.graph):
                     cases.append(case)
                     names.append(f"{name}/{tile.name}")
+        # ... and the one-op kernels simulated as their unfused alternative (the cost
+        # baselines of every calibration point and default-plan tile: simulate_many ->
+        # emit_variants at the plan's hardware, buffering 2)
+        for plan in plans:
+            for tile in plan.tiles:
+                if sum(not op.is_view for op in tile.ops) < 2:
+                    continue
+                for case in verify.unfused_cases(tile, plan.graph, plan.hardware):
+                    cases.append(case)
+                    names.append(f"{name}/{tile.name}/unfused {case[0].tile_name}")
     checks = verify.verify_kernels(cases)
     assert len(checks) >= 2 * len(NAMES)
+    assert sum("/unfused " in n for n in names) >= 2 * len(NAMES), names
     bad = {n: (c.verified, c.max_abs_err, c.error) for n, c in zip(names, checks)
            if c.verified is not True}
     assert not bad, bad

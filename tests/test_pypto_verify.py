@@ -237,18 +237,18 @@ def test_the_other_kernels_test_pypto_sim_simulates_are_verified():
                   if "bitwise_not" in n or "prod" in n) == [1, 2], checks
 
 
-def verify_unfused(plans, hw=None, what="") -> int:
+def verify_unfused(plans, what="") -> int:
     """Value-check the one-op kernels a simulation costs as each multi-op tile's unfused
-    variant (verify.unfused_cases: the kernels sim.simulate_tiles emits for it, at the
-    plan's hardware, or ``hw``); asserts each verifies; returns how many ran."""
+    variant (verify.unfused_cases: the kernels sim.simulate_tiles emits for it at the
+    plan's hardware); asserts each verifies; returns how many ran."""
     cases, names = [], []
     for plan in plans:
         for tile in plan.tiles:
-            for case in verify.unfused_cases(tile, plan.graph, hw or plan.hardware):
+            for case in verify.unfused_cases(tile, plan.graph, plan.hardware):
                 cases.append(case)
                 names.append(f"{what}{tile.name}/{case[0].tile_name}")
     bad = {n: (c.verified, c.max_abs_err, c.error)
-           for n, c in zip(names, verify.verify_kernels(cases)) if c.verified is not True}
+           for n, c in zip(names, verify.check_unfused(cases)) if c.verified is not True}
     assert not bad, bad
     return len(cases)
 
@@ -490,6 +490,7 @@ def test_fp16_gelu_epilogue_tile_fits_ub(epilogue_runs):
 def test_a_tile_pypto_rejects_is_retried_smaller(tmp_path, monkeypatch):
     """Under-count the UB buffers so the first emission is too big: pypto rejects it,
     the simulator shrinks the vector tile and retries, and the report says so."""
+    calculator = verify.calculator_library()  # the session's (no rebuild in the new cache)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYPTO_INDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(pypto_writer, "vec_operands", lambda tile: 1)
@@ -500,6 +501,17 @@ def test_a_tile_pypto_rejects_is_retried_smaller(tmp_path, monkeypatch):
     assert sim.ub_retries and "retried at" in sim.ub_retries[0], sim.ub_retries
     assert sim.ub_retries[-1].endswith("ok"), sim.ub_retries
     assert sim.simulated_cycles_fused and sim.to_dict()["ub_retries"]
+    # the one-op kernels it simulated unfused (no hardware model: at the tile's shape,
+    # emitted under the same under-count, and not retried): those with cycles compute
+    # their ops, those pypto rejected have no cost and are rejected alike
+    cases = verify.unfused_cases(tile, plan.graph, None)
+    assert len(cases) == len(sim.unfused_cycles_by_op) == 3
+    for (op, cycles), check in zip(sim.unfused_cycles_by_op.items(),
+                                   verify.check_unfused(cases, calculator=calculator)):
+        if cycles is None:
+            assert check.error.startswith("rejected by pypto"), (op, check)
+        else:
+            assert check.verified is True, (op, check)
 
 
 # --- property: every tile the planner calls legal for ascend-a2 compiles in pypto ----------

@@ -38,8 +38,8 @@ import torch
 from ...ir import ExternOp, TileGraph, ValueRef
 from .kernel import PYPTO_DTYPES, KernelParam, PyptoEmitError, PyptoKernel
 
-__all__ = ["AttentionSpec", "attention_spec", "emit_flash", "emit_unfused", "reference",
-           "random_inputs", "is_sdpa", "simulate_attention", "AttentionSimulation"]
+__all__ = ["AttentionSpec", "attention_spec", "emit_flash", "emit_unfused", "unfused_cases",
+           "reference", "random_inputs", "is_sdpa", "simulate_attention", "AttentionSimulation"]
 
 _BIG = "1e30"  # the masked score: finite, so the online softmax never computes inf - inf
 _SDPA_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_attention",
@@ -416,6 +416,28 @@ def reference(spec: AttentionSpec, inputs: list[torch.Tensor]) -> list[torch.Ten
         s = s.masked_fill(torch.ones(spec.Sq, spec.Sk, dtype=torch.bool).tril().logical_not(),
                           float("-inf"))
     return [out.to(spec.dtype), torch.logsumexp(s, -1)]
+
+
+def unfused_cases(spec: AttentionSpec, seed: int = 0) -> list[tuple[PyptoKernel, list, list]]:
+    """Value-check cases (:func:`.verify.verify_kernels`) of the three kernels
+    :func:`emit_unfused` simulates as the unfused cost baseline, each on its own inputs:
+    scores on random q, k, v (and masks), softmax on those scores, probs @ v on those
+    probabilities. The expected values follow the kernels' masking (a masked score is
+    -1e30, finite; an additive float mask adds as it is)."""
+    scores_k, softmax_k, pv_k = emit_unfused(spec)
+    inputs = random_inputs(spec, seed)
+    q, k, v = (x.float() for x in inputs[:3])
+    s = (q @ k.transpose(-1, -2)) * spec.scale
+    rest = inputs[3:]
+    big = float(_BIG)
+    if spec.mask_shape is not None:
+        mask, rest = rest[0], rest[1:]
+        s = s + ((mask.float() - 1.0) * big if mask.dtype == torch.bool else mask.float())
+    if spec.causal:
+        s = s + (rest[0].float() - 1.0) * big
+    probs = torch.softmax(s, -1).to(spec.dtype)
+    out = (probs.float() @ v).to(spec.dtype)
+    return [(scores_k, inputs, [s]), (softmax_k, [s], [probs]), (pv_k, [probs, inputs[2]], [out])]
 
 
 # --- simulation and value check ----------------------------------------------------------------

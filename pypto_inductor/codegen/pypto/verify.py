@@ -46,7 +46,7 @@ from .sim import (default_workers, pypto_available, pypto_version, read_results,
 
 __all__ = ["VerifyUnavailable", "TileVerification", "KernelCheck", "calculator_library",
            "verify_kernel", "verify_kernels", "random_inputs", "tile_case", "unfused_cases",
-           "interpreter_limit",
+           "check_unfused", "interpreter_limit",
            "verify_graphs", "verify_tiles", "verify_plan", "tolerance"]
 
 DEFAULT_TIMEOUT_S = 300.0  # per kernel: the interpreter is slow on big dynamic loops
@@ -378,6 +378,30 @@ def unfused_cases(tile: FusionTile, graph: TileGraph, hw=None, buffering: int = 
     cost baselines that never ship, value-checked so a cycle count is of a kernel that
     computes the op."""
     return [_case(one, graph, k, seed) for one, k in unfused_kernels(tile, graph, hw, buffering)]
+
+
+def check_unfused(cases: list[tuple[PyptoKernel, list, list]], per_pass: bool = False,
+                  calculator: Path | None = None) -> list[KernelCheck]:
+    """:func:`verify_kernels` over :func:`unfused_cases`; a kernel pypto's compiler
+    rejects (its interpreter and its simulator alike: no cost figure either, the
+    simulation lists the op's unfused cycles as None and says why) comes back
+    ``verified`` None with ``error`` starting "rejected by pypto"; any other failure
+    to run stays as it is."""
+    from .sim import simulate_kernels
+    checks = verify_kernels(cases, per_pass, calculator=calculator)
+    failed = [i for i, c in enumerate(checks) if c.verified is None]
+    if failed:
+        sims = simulate_kernels([cases[i][0] for i in failed])
+        for i, r in zip(failed, sims):
+            if r.cycles is None and r.error:
+                checks[i].error = (f"rejected by pypto (simulator too, no unfused cost): "
+                                   f"{_first_error_line(r.error)}")
+    return checks
+
+
+def _first_error_line(text: str) -> str:
+    lines = [x for x in text.splitlines() if "CHECK FAILED" in x or "Error" in x]
+    return (lines[-1] if lines else text.splitlines()[-1]).strip()[:300]
 
 
 def verify_tiles(tiles: list[FusionTile], graph: TileGraph, seed: int = 0,
