@@ -32,6 +32,12 @@ from pypto_inductor.models import ZOO, build  # noqa: E402
 NO_KERNEL_OPS = {("arange",), ("cat",)}
 
 
+def mark_dynamic(x, *dims):
+    for d in dims:
+        torch._dynamo.mark_dynamic(x, d)
+    return x
+
+
 def plan_of(fn, *inputs, **options):
     rep = pypto_inductor.report(fn, *inputs, options={"hardware": "ascend-a2", **options})
     return [g.plan for g in rep.graphs if g.plan is not None]
@@ -192,7 +198,7 @@ def test_report_names_the_interpreter_limit(tmp_path, monkeypatch):
     import test_pypto_sim as T
     monkeypatch.chdir(tmp_path)
     fn, _inputs, _sizes = T.DYNAMIC_COLUMNS["softmax_mean"]
-    rep = pypto_inductor.report(fn, T._mark(T.rand_x(2, 50, 200), 0, 1, 2),
+    rep = pypto_inductor.report(fn, mark_dynamic(T.rand_x(2, 50, 200), 0, 1, 2),
                                 options={"verify": True})
     d = rep.to_dict()
     (tile,) = [t for g in d["graphs"] for t in g["fusion_tiles"]]
@@ -271,7 +277,7 @@ def test_unfused_cost_kernels_are_verified():
     # the very kernels simulate_tiles costs (the same sources, split ops left out)
     for plan in plans:
         for tile in plan.tiles:
-            *_, singles, _errors = sim._emit_split(tile, plan.graph, plan.hardware, 2)
+            _fused, singles, _errors = sim.emit_variants(tile, plan.graph, plan.hardware, 2)
             ours = sim.unfused_kernels(tile, plan.graph, plan.hardware)
             assert [k.source for _, k in ours] == [k.source for _, k in singles if k], tile.name
             assert "bitwise_not" not in [one.ops[0].op for one, _ in ours]
@@ -394,7 +400,7 @@ def test_var_mean_over_dynamic_columns_verifies_near_the_float_max():
     def fn(x):
         var, mean = torch.var_mean(x, -1, keepdim=True)
         return var, mean + 1.0
-    (plan,) = plan_of(fn, T._mark(torch.randn(8, 256), 1))
+    (plan,) = plan_of(fn, mark_dynamic(torch.randn(8, 256), 1))
     (tile,) = plan.tiles
     kernel = emit_tile(tile, plan.graph)
     assert kernel.dynamic and "pypto.sum(pypto.mul(" in kernel.source, kernel.source
