@@ -19,7 +19,7 @@ from functorch.compile import make_boxed_func
 from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, ConfigError, parse_options
-from .fusion import plan_fusion
+from .fusion import plan_cache, plan_fusion
 from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
@@ -93,7 +93,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
                 f"fallback='error' and these ops of graph {name} would run eagerly: "
                 + "; ".join(eager)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
-    plan = plan_fusion(graph, hw, config)
+    plan = plan_cache.plan(gm, graph, name.split("_", 1)[1], hw, config, plan_fusion)
     if attention:
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
