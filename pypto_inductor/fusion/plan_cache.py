@@ -79,7 +79,7 @@ def settings_hash() -> str:
     return h.hexdigest()
 
 
-def _meta(val) -> str:
+def meta(val) -> str:
     if isinstance(val, torch.Tensor):
         return (f"T({val.dtype},{val.device},{val.requires_grad},{tuple(map(str, val.shape))},"
                 f"{tuple(map(str, val.stride()))},{val.storage_offset()},{val.layout})")
@@ -101,9 +101,9 @@ def graph_key(gm: fx.GraphModule, graph: TileGraph, kind: str, cfg, hw) -> str:
             h.update(f"{name}\0{mod.code}\0".encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            h.update(f"{node.name}:{_meta(node.meta.get('val'))}\0".encode())
+            h.update(f"{node.name}:{meta(node.meta.get('val'))}\0".encode())
     for name, value in graph.constants.items():  # their values are read when lowering anew
-        h.update(f"{name}:{_meta(value)}\0".encode())
+        h.update(f"{name}:{meta(value)}\0".encode())
     hints = sorted((str(s), v) for s, v in graph.size_hints.items())
     h.update(repr(hints).encode())
     return h.hexdigest()

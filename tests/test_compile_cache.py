@@ -1,6 +1,8 @@
-"""The on-disk plan cache (fusion/plan_cache.py): a warm process rebuilds each graph's
-FusionPlan from its entry instead of searching, with the same plan and results equal to
-eager; a changed graph, input or option misses; corrupt or stale entries are rebuilt."""
+"""The on-disk caches of compiled graphs: fusion/plan_cache.py (a warm process rebuilds
+each ATen graph's FusionPlan from its entry instead of searching) and graph_cache.py (a
+plain inference Dynamo graph's plan, found before AOTAutograd runs). Same plans, results
+equal to eager on fresh inputs; a changed graph, input or option misses; corrupt or stale
+entries are rebuilt; graphs AOTAutograd's wrapper does more for are never stored."""
 import json
 import os
 import subprocess
@@ -14,17 +16,29 @@ import torch
 import torch.nn.functional as F
 
 import pypto_inductor
+from pypto_inductor import backend, graph_cache
 from pypto_inductor.fusion import plan_cache, planner
 from pypto_inductor.report import collect
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """The plan cache on, in a directory of its own (kernels stay in the shared cache)."""
+    """The plan cache on (the graph cache off), in a directory of its own (kernels stay in
+    the shared cache)."""
     monkeypatch.setenv("PYPTO_INDUCTOR_PLAN_CACHE", "1")
+    monkeypatch.setenv("PYPTO_INDUCTOR_GRAPH_CACHE", "0")
     monkeypatch.setattr(plan_cache, "cache_dir", lambda: tmp_path / "plans")
     monkeypatch.setattr(plan_cache, "stats", {"hits": 0, "misses": 0, "rejected": 0})
     return tmp_path / "plans"
+
+
+@pytest.fixture
+def graphs_cache(cache, tmp_path, monkeypatch):
+    """Both caches on; the graph cache's directory."""
+    monkeypatch.setenv("PYPTO_INDUCTOR_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "cache_dir", lambda: tmp_path / "graphs")
+    monkeypatch.setattr(graph_cache, "stats", dict.fromkeys(graph_cache.stats, 0))
+    return tmp_path / "graphs"
 
 
 def _block(x, w, b):
@@ -42,10 +56,11 @@ def _inputs(rows=8, dtype=torch.float32):
             torch.randn(16, dtype=dtype))
 
 
-def _compile_run(fn, args, **options):
+def _compile_run(fn, args, dynamic=None, grad=False, **options):
     torch._dynamo.reset()
-    with collect() as graphs, torch.no_grad():
-        out = torch.compile(fn, backend="pypto", options=options or None)(*args)
+    with collect() as graphs, torch.set_grad_enabled(grad):
+        out = torch.compile(fn, backend="pypto", dynamic=dynamic,
+                            options=options or None)(*args)
     return out, graphs
 
 
@@ -155,13 +170,106 @@ def test_concurrent_writers_leave_a_whole_entry(cache):
     assert [p.name for p in cache.iterdir()] == [path.name]  # no temporaries left
 
 
+def _no_aot(*args, **kwargs):
+    raise AssertionError("AOTAutograd ran on a graph-cache hit")
+
+
+def test_graph_cache_hit_skips_aot_autograd_and_matches_eager(graphs_cache, monkeypatch, tol):
+    args = _inputs()
+    cold, cold_graphs = _compile_run(_block, args)
+    assert graph_cache.stats["stored"] == 1 and plan_cache.stats["misses"] == 1
+    (entry,) = graphs_cache.glob("*.pkl")
+    for grad in (False, True):  # grad on, no input requiring grad: an inference graph too
+        args = _inputs()
+        with monkeypatch.context() as m:
+            m.setattr(backend, "aot_autograd", _no_aot)
+            warm, warm_graphs = _compile_run(_block, args, grad=grad)
+        torch.testing.assert_close(warm, _block(*args), **tol(torch.float32))
+        assert not warm.requires_grad and torch.is_grad_enabled()
+        assert _plans(warm_graphs) == _plans(cold_graphs)
+        if not grad:  # grad mode is part of the key: the first grad-on compile is a miss
+            assert graph_cache.stats["hits"] == 1
+            _compile_run(_block, _inputs(), grad=True)
+            assert graph_cache.stats["stored"] == 2
+    assert graph_cache.stats["hits"] == 2 and plan_cache.stats["hits"] == 1
+    # another op, shape or option misses
+    for fn, args, options in [(_other, _inputs(), {}), (_block, _inputs(rows=12), {}),
+                              (_block, _inputs(), {"roi_threshold": 3.0})]:
+        hits = graph_cache.stats["hits"]
+        out, _ = _compile_run(fn, args, **options)
+        assert graph_cache.stats["hits"] == hits
+        torch.testing.assert_close(out, fn(*args), **tol(torch.float32))
+    # a corrupt entry is ignored and rewritten
+    entry.write_bytes(entry.read_bytes()[:100])
+    args = _inputs()
+    out, _ = _compile_run(_block, args)
+    assert graph_cache.stats["rejected"] == 1
+    torch.testing.assert_close(out, _block(*args), **tol(torch.float32))
+    hits = graph_cache.stats["hits"]
+    _compile_run(_block, args)
+    assert graph_cache.stats["hits"] == hits + 1
+
+
+def _mutates(x, w, b):
+    x.add_(1.0)
+    return x @ w + b
+
+
+def _returns_a_view(x, w, b):
+    return x @ w + b, x.t()
+
+
+def _returns_alias_of_output(x, w, b):
+    y = torch.relu(x @ w + b)
+    return y, y.view(-1)
+
+
+@pytest.mark.parametrize("case", ["dynamic", "training", "mutation", "input view",
+                                  "output view", "autocast"])
+def test_graphs_aot_autograd_wraps_are_not_stored(graphs_cache, case, tol):
+    fn, args, kw = _block, _inputs(), {}
+    if case == "dynamic":
+        kw["dynamic"] = True
+    elif case == "training":
+        args = tuple(a.requires_grad_() for a in args)
+        kw["grad"] = True
+    elif case == "mutation":
+        fn = _mutates
+    elif case == "input view":
+        fn = _returns_a_view
+    elif case == "output view":
+        fn = _returns_alias_of_output
+    eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    if case == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = _compile_run(fn, args)
+            want = fn(*eager_args)
+    else:
+        out, _ = _compile_run(fn, args, **kw)
+        want = fn(*eager_args)
+    tolerance = tol(torch.bfloat16 if case == "autocast" else torch.float32)
+    torch.testing.assert_close(out, want, **tolerance)
+    if case == "output view":  # AOTAutograd's inference wrapper leaves such outputs alone
+        assert graph_cache.stats["stored"] == 1
+        args = _inputs()
+        out, _ = _compile_run(fn, args)
+        assert graph_cache.stats["hits"] == 1
+        torch.testing.assert_close(out, fn(*args), **tolerance)
+        return
+    assert graph_cache.stats["stored"] == 0 and not graphs_cache.exists()
+    if case == "mutation":
+        torch.testing.assert_close(args[0], eager_args[0])
+
+
 _SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import torch, torch.nn.functional as F
+    from pypto_inductor import graph_cache
     from pypto_inductor.fusion import plan_cache
     from pypto_inductor.report import collect
-    plan_cache.cache_dir = lambda: Path(sys.argv[1])
+    plan_cache.cache_dir = lambda: Path(sys.argv[1], "plans")
+    graph_cache.cache_dir = lambda: Path(sys.argv[1], "graphs")
     torch.manual_seed(0)  # the same model in both processes
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
                                 torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
@@ -192,7 +300,7 @@ _SCRIPT = textwrap.dedent("""
         for g, w in zip(grads, [p.grad for p in model.parameters()] + [x2.grad]):
             check(g, w, "training gradients")
     plans += [[[op.name for op in t.ops] for t in g.plan.tiles] for g in graphs]
-    print(json.dumps({"stats": plan_cache.stats, "plans": plans}))
+    print(json.dumps({"stats": plan_cache.stats, "graphs": graph_cache.stats, "plans": plans}))
 """)
 
 
@@ -207,10 +315,14 @@ def _process(plans_dir, seed):
 
 def test_a_warm_process_plans_nothing_and_matches_eager(tmp_path):
     """Static and dynamic=True inference and a training graph (forward and backward), in a
-    cold process and in a warm one on its cache, each on fresh random inputs."""
+    cold process and in a warm one on its caches, each on fresh random inputs: the static
+    inference graph comes from the graph cache, the others' plans from the plan cache."""
     cold = _process(tmp_path, 1)
     graphs = cold["stats"]["misses"]
     assert graphs >= 4 and cold["stats"]["hits"] == 0  # static, dynamic, forward, backward
+    stored = cold["graphs"]["stored"]
+    assert stored >= 1
     warm = _process(tmp_path, 2)
-    assert warm["stats"] == {"hits": graphs, "misses": 0, "rejected": 0}
+    assert warm["graphs"]["hits"] == stored and warm["graphs"]["stored"] == 0
+    assert warm["stats"] == {"hits": graphs - stored, "misses": 0, "rejected": 0}
     assert warm["plans"] == cold["plans"]
