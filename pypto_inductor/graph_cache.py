@@ -12,7 +12,8 @@ the backend builds its CompiledGraph (kernels from the kernel cache) and calls i
 AOTAutograd's inference wrapper does (grad off during the call, boxed arguments).
 
 Only graphs where that wrapper does nothing else are stored (:func:`storable`): static
-sizes (AOTAutograd adds no shape guards), no parameters or constants on the graph module,
+sizes (AOTAutograd adds no shape guards), no parameters, constants or called modules on
+the graph module,
 an inference graph (grad off, or no input requiring grad) with no input mutation, every
 output a fresh tensor (no alias of an input or of another output), no tensor subclass,
 RNG functionalisation, effect token or grad-mode change, autocast off, and the ATen graph
@@ -65,8 +66,10 @@ def key(gm: fx.GraphModule, example_inputs, cfg, hw) -> str | None:
         return None
     if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
         return None
-    if any(n.op == "get_attr" for m in gm.modules() if isinstance(m, fx.GraphModule)
-           for n in m.graph.nodes) or not all(map(_static, example_inputs)):
+    # constants' values and called modules' settings are not in the graph's code
+    if any(n.op in ("get_attr", "call_module") for m in gm.modules()
+           if isinstance(m, fx.GraphModule) for n in m.graph.nodes) \
+            or not all(map(_static, example_inputs)):
         return None
     h = hashlib.sha256()
     for part in (f"graph format {FORMAT}", torch.__version__, sys.version,

@@ -152,7 +152,7 @@ def test_concurrent_writers_leave_a_whole_entry(cache):
 
     def write():
         for _ in range(30):
-            plan_cache._write(path, graph_plan)
+            plan_cache.write(path, graph_plan)
 
     def read():
         for _ in range(200):

@@ -131,7 +131,7 @@ def plan(gm: fx.GraphModule, graph: TileGraph, kind: str, hw, cfg,
         stats["rejected"] += 1
     stats["misses"] += 1
     result = search(graph, hw, cfg)
-    _write(path, result)
+    write(path, result)
     return result
 
 
@@ -148,7 +148,7 @@ def _entry(result: FusionPlan) -> dict:
     return {"format": FORMAT, "steps": steps, "decisions": decisions, "unfused": unfused}
 
 
-def _write(path: Path, result: FusionPlan) -> None:
+def write(path: Path, result: FusionPlan) -> None:
     """Atomic: a temporary file in the cache directory, then os.replace."""
     try:
         entry = _entry(result)
