@@ -150,6 +150,7 @@ def save(k: str, plan: FusionPlan) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(buf.getvalue())
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's users
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)

@@ -157,6 +157,7 @@ def write(path: Path, result: FusionPlan) -> None:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f)
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's users
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
