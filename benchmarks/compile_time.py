@@ -76,9 +76,9 @@ def _run(name: str, backend: str, caches: str) -> dict:
     return json.loads(lines[-1])
 
 
-def measure(name: str) -> dict:
+def measure(name: str, backends=("pypto", "inductor")) -> dict:
     result = {}
-    for backend in ("pypto", "inductor"):
+    for backend in backends:
         caches = tempfile.mkdtemp(prefix=f"pypto_compile_time_{backend}_")
         try:
             result[backend, "cold"] = _run(name, backend, caches)
@@ -89,13 +89,16 @@ def measure(name: str) -> dict:
 
 
 def row(name: str, r: dict) -> list[str]:
-    pc, ic = r["pypto", "cold"], r["inductor", "cold"]
-    pw, iw = r["pypto", "warm"], r["inductor", "warm"]
-    return [name, f"{pc['first_s']:.1f}", f"{pc['cpu_s']:.1f}", f"{ic['first_s']:.1f}",
-            f"{ic['cpu_s']:.1f}", f"{pc['first_s'] / ic['first_s']:.2f}",
-            f"{pc['cpu_s'] / ic['cpu_s']:.2f}", f"{pw['first_s']:.2f}", f"{pw['cpu_s']:.2f}",
-            f"{pw['start_s']:.2f}", f"{iw['first_s']:.2f}", f"{iw['cpu_s']:.2f}",
-            f"{iw['start_s']:.2f}"]
+    """A table row; "-" for a backend not measured (``--backends``)."""
+    nan = {"first_s": float("nan"), "cpu_s": float("nan"), "start_s": float("nan")}
+    pc, ic = r.get(("pypto", "cold"), nan), r.get(("inductor", "cold"), nan)
+    pw, iw = r.get(("pypto", "warm"), nan), r.get(("inductor", "warm"), nan)
+    cells = [f"{pc['first_s']:.1f}", f"{pc['cpu_s']:.1f}", f"{ic['first_s']:.1f}",
+             f"{ic['cpu_s']:.1f}", f"{pc['first_s'] / ic['first_s']:.2f}",
+             f"{pc['cpu_s'] / ic['cpu_s']:.2f}", f"{pw['first_s']:.2f}", f"{pw['cpu_s']:.2f}",
+             f"{pw['start_s']:.2f}", f"{iw['first_s']:.2f}", f"{iw['cpu_s']:.2f}",
+             f"{iw['start_s']:.2f}"]
+    return [name] + [c.replace("nan", "-") for c in cells]
 
 
 def main(argv=None) -> int:
@@ -106,11 +109,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks compile_time")
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names")
     parser.add_argument("--markdown", default="", help="also append the table to this file")
+    parser.add_argument("--backends", default="pypto,inductor",
+                        help="comma-separated: pypto, inductor")
     args = parser.parse_args(argv)
+    backends = tuple(b for b in args.backends.split(",") if b)
     print(" | ".join(COLUMNS), flush=True)
     rows = []
     for name in (m for m in args.models.split(",") if m):
-        rows.append(row(name, measure(name)))
+        rows.append(row(name, measure(name, backends)))
         print(" | ".join(rows[-1]), flush=True)
     if args.markdown:
         from . import md_table

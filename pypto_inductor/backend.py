@@ -12,14 +12,16 @@ import itertools
 import warnings
 from pathlib import Path
 
+import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
+from . import graph_cache
 from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, ConfigError, parse_options
-from .fusion import plan_fusion
+from .fusion import plan_cache, plan_fusion
 from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
@@ -58,20 +60,22 @@ def _unexpected(where: str, e: Exception, config: Config) -> None:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
-                  attention: list | None = None, convs: list | None = None):
+                  attention: list | None = None, convs: list | None = None,
+                  record: dict | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
     the attention decisions made on the Dynamo graph, reported with the first graph.
+    ``record``: gets the plan under "plan" when graph_cache may store it.
     An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
     try:
-        return _compile_graph(gm, config, name, attention, convs)
+        return _compile_graph(gm, config, name, attention, convs, record)
     except Exception as e:  # noqa: BLE001 - see _unexpected
         _unexpected(f"graph {name}", e, config)
         return make_boxed_func(gm.forward)
 
 
 def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None,
-                   convs: list | None):
+                   convs: list | None, record: dict | None = None):
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
     try:
         device = unsupported_device(gm, get_target(config.target))
@@ -93,7 +97,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
                 f"fallback='error' and these ops of graph {name} would run eagerly: "
                 + "; ".join(eager)
                 + ". Use fallback='eager' to run them eagerly, or list them in fallback_ops.")
-    plan = plan_fusion(graph, hw, config)
+    plan = plan_cache.plan(gm, graph, name.split("_", 1)[1], hw, config, plan_fusion)
     if attention:
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
@@ -105,6 +109,11 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
     publish(GraphReport(name, plan, compiled), config, hw)
+    if record is not None:
+        context = torch._guards.TracingContext.try_get()
+        if graph_cache.storable(context and context.fw_metadata, record["inputs"], gm):
+            record["plan"] = plan
+
     def run(args: list) -> list:  # boxed: CompiledGraph takes the list and empties it
         return compiled(args)
 
@@ -149,6 +158,13 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     """The Dynamo backend registered as "pypto"."""
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
+    key = graph_cache.key(gm, example_inputs, config,
+                          hardware_model(config.hardware_name, config.capacity_bytes))
+    if key is not None:
+        cached = _from_cache(key, gm, config)
+        if cached is not None:
+            return cached
+    record = {"inputs": len(example_inputs)} if key is not None else None
     attention = []
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
@@ -158,18 +174,38 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
         config.forced_fallback("aten.convolution.default") else []
     try:
         with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
-            return aot_autograd(
+            compiled = aot_autograd(
                 fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention,
                                                         convs),
                 bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
                 inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference",
-                                                               attention, convs),
+                                                               attention, convs, record),
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
+        if record and "plan" in record:
+            graph_cache.save(key, record["plan"])
+        return compiled
     except Exception as e:  # noqa: BLE001 - tracing or decomposing failed: see _unexpected
         _unexpected("the Dynamo graph", e, config)
         return gm.forward
+
+
+def _from_cache(key: str, gm: fx.GraphModule, config: Config):
+    """The Dynamo graph's compiled callable rebuilt from its graph_cache entry (no
+    AOTAutograd trace, lowering or planning), or None (a miss, or building it failed: the
+    graph is compiled anew, which reports any error the usual way)."""
+    plan = graph_cache.load(key)
+    if plan is None:
+        return None
+    try:
+        name = plan.graph.name = f"g{next(_graph_ids)}_inference"
+        compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward)
+    except Exception:  # noqa: BLE001 - see the docstring
+        graph_cache.stats["rejected"] += 1
+        return None
+    publish(GraphReport(name, plan, compiled), config, plan.hardware)
+    return graph_cache.inference_call(compiled)
 
 
 __all__ = ["compile_graph", "pypto_backend", "UnsupportedOpsError"]

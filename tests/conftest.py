@@ -25,6 +25,9 @@ os.environ.setdefault("PYPTO_INDUCTOR_NO_CALIBRATE", "1")
 # A bug while compiling fails the test instead of a quiet eager fallback (config.strict);
 # tests/test_reliability.py checks the non-strict default with strict=False.
 os.environ.setdefault("PYPTO_INDUCTOR_STRICT", "1")
+# Tests plan every graph (some replace the planner or its inputs in ways no cache key sees);
+# tests/test_plan_cache.py turns the plan cache on where it tests it.
+os.environ.setdefault("PYPTO_INDUCTOR_PLAN_CACHE", "0")
 
 # (atol, rtol) per dtype: fp32 near PyTorch's defaults (reductions may reorder
 # sums), half types at their resolution after a few chained ops.
