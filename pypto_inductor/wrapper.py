@@ -142,7 +142,17 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
-                out += launch.source(k, [names[s] for s in ins], defs, code.size)
+                native = getattr(launch, "native", None)  # and its epilogue (EpilogueCall)
+                if native is None:
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size)
+                else:
+                    code.bound.setdefault("native_call", native.call)
+                    empty = ("pool_empty" if name in pool_empty
+                             else code.bind("alloc", native.empty))
+                    if "threads" not in code.bound:
+                        code.bound["threads"] = torch.get_num_threads
+                        out.insert(first_step, "    nthreads = threads()")
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size, empty)
             elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))

@@ -69,3 +69,44 @@ def test_gemm_tiles_are_the_torch_call_in_the_graph_code():
     out, source = _compiled(linear_chain, x, w1, b1, w2)
     torch.testing.assert_close(out, linear_chain(x, w1, b1, w2), rtol=1e-4, atol=1e-5)
     assert "_fn(" in source, source  # matmul.GemmCall: kN_fn(...) in the graph's code
+
+
+def pooler(h, w1, b1, w2, b2):
+    # BERT's pooler + classifier: a Linear + tanh on the strided [:, 0] select
+    return F.linear(torch.tanh(F.linear(h[:, 0], w1, b1)), w2, b2)
+
+
+def ffn_residual(x, w1, b1, w2):
+    # a 3-D Linear + GELU (the product reshaped onto the epilogue's domain), whose bare
+    # product is an output too, and a second GEMM with a residual epilogue
+    y = F.linear(x, w1, b1)
+    return F.linear(F.gelu(y), w2) + x.sin(), y
+
+
+def two_outputs(x, w, b):
+    y = x @ w + b
+    return torch.sigmoid(y) * 2, torch.relu(y) - 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", ["pooler", "ffn_residual", "two_outputs"])
+def test_gemm_epilogues_are_inline_in_the_graph_code(case, dynamic):
+    # matmul.EpilogueCall: the GEMM call, then the epilogue kernel's launch, written into
+    # the graph's code (no call of the tile's Python wrapper, "kernN(")
+    if case == "pooler":
+        fn, make = pooler, lambda b: (torch.randn(b, 9, 16), torch.randn(16, 16),
+                                      torch.randn(16), torch.randn(3, 16), torch.randn(3))
+    elif case == "ffn_residual":
+        fn, make = ffn_residual, lambda b: (torch.randn(b, 5, 16), torch.randn(32, 16),
+                                            torch.randn(32), torch.randn(16, 32))
+    else:
+        fn, make = two_outputs, lambda b: (torch.randn(b, 16), torch.randn(16, 24),
+                                           torch.randn(24))
+    inputs = make(4)
+    out, source = _compiled(fn, *inputs, dynamic=dynamic)
+    torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-5)
+    assert "e_layouts" in source and "kern" not in source, source
+    compiled = torch.compile(fn, backend="pypto", dynamic=dynamic)
+    for b in (4, 3, 6):  # again (the layout cache), and other batch sizes
+        inputs = make(b)
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=1e-4, atol=1e-5)

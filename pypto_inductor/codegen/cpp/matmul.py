@@ -55,6 +55,9 @@ ONEDNN_POST_OPS_MIN_WEIGHT = 65536
 # the torch call itself (GemmCall) instead of a call of its Python wrapper; the benchmark
 # turns it off to compile the "before" form.
 INLINE_GEMMS = True
+# ... and a GEMM with a native epilogue pass as the GEMM call plus the epilogue kernel's
+# launch (EpilogueCall), not a call of the tile's Python wrapper (the benchmark's "before")
+INLINE_EPILOGUES = True
 # No relu: oneDNN's relu post-op gives 0 for a NaN product where eager's relu keeps NaN
 # (fuzz seed 30644); it runs as the native epilogue pass instead.
 _UNARY_POST_OPS = {"sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""), "silu": ("swish", "")}
@@ -247,11 +250,14 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
     if bias is None:
         def product(inputs):
             return torch.matmul(inputs[ia], inputs[ib])
+        product_call = (torch.matmul, (("in", ia), ("in", ib)))
     else:  # the GEMM adds the bias (beta = 1)
         gemm, ic = (torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm), slot[bias]
 
         def product(inputs):
             return gemm(inputs[ic], inputs[ia], inputs[ib])
+        product_call = (gemm, (("in", ic), ("in", ia), ("in", ib)))
+    T = tuple(sub_graph.specs[MM].shape) if sub_graph is not None else None
     shape_fns = {}
 
     def shape_fn(shape):
@@ -314,7 +320,9 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
         return out
 
     # takes the runtime's allocator for the epilogue's outputs
-    return Kernel(kernel, native=True, takes_allocator=True, program=epi.program)
+    return Kernel(kernel, native=True, takes_allocator=True, program=epi.program,
+                  launch=_epilogue_call(product_call, tuple(mm.out.shape), srcs, getters, T,
+                                         epi, slot))
 
 
 def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kernel:
@@ -356,6 +364,18 @@ def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kerne
                                       ("t", iw), b, ("const", "add")),
                           [(None, None, reshape and shape)])
     return Kernel(kernel, native=True, launch=call)
+
+
+def _epilogue_call(product_call, P, srcs, getters, T, epi: Kernel, slot) -> EpilogueCall | None:
+    """The inline form of a GEMM + native epilogue tile, where the epilogue's kernel has
+    one (launcher.Launch: the extension, no in-place writes, no index checks)."""
+    native = getattr(epi, "launch", None)
+    if not (INLINE_GEMMS and INLINE_EPILOGUES) or native is None or T is None \
+            or native.index_error is not None:
+        return None
+    feeds = tuple((-1, None if _same_shape(shape, P) else shape) if src == PRODUCT
+                  else (slot[src], shape) for _, (src, shape) in srcs)
+    return EpilogueCall(product_call[0], product_call[1], feeds, tuple(getters), T, native)
 
 
 def _gemm_call(fn, operands, getters) -> GemmCall | None:
@@ -404,3 +424,53 @@ class GemmCall:
         return {f"{k}_fn": self.fn,
                 **{f"{k}_c{j}": op[1] for j, op in enumerate(self.operands)
                    if op[0] == "const" and not (op[1] is None or type(op[1]) in (str, int, bool))}}
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueCall:
+    """A GEMM tile with a native epilogue pass as the graph's generated code writes it
+    (wrapper.py): the torch GEMM call, the epilogue's inputs reshaped onto its domain
+    ``T``, the epilogue kernel's inline launch (launcher.Launch) and the tile's outputs
+    (reshaped where their shapes differ), instead of a call of :func:`assemble`'s Python
+    wrapper (its frame, input list, feed loop, allocator closure and result list cost
+    more than a classifier head's GEMM and epilogue on 4 rows)."""
+
+    fn: object  # the GEMM's torch function (matmul, addmm, baddbmm)
+    operands: tuple  # its arguments, as GemmCall.operands
+    feeds: tuple  # per epilogue input: (tile input index or -1: the product, shape or None)
+    getters: tuple  # per tile output: ("mm" or "epi", epilogue output index, shape or None)
+    T: tuple  # the epilogue's domain (the product is reshaped onto it)
+    native: object  # the epilogue kernel's launcher.Launch
+    gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
+
+    def source(self, k: str, ins: list[str], outs: list[str], size, empty: str) -> list[str]:
+        """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
+        allocator of the epilogue's outputs, ``size(expr)`` prints a size expression."""
+        def shape(dims):
+            return f"({''.join(size(d) + ', ' for d in dims)})"
+
+        lines = GemmCall(self.fn, self.operands, ()).source(k, ins, [], size)[:1]
+        temps = [f"{k}_r"]
+        feeds = []
+        for j, (i, dims) in enumerate(self.feeds):
+            src = f"{k}_r" if i < 0 else ins[i]
+            if dims is None:
+                feeds.append(src)
+                continue
+            lines.append(f"    {k}_f{j} = {src}.reshape({shape(dims)})")
+            feeds.append(f"{k}_f{j}")
+            temps.append(f"{k}_f{j}")
+        results = [f"{k}_e{j}" for j in range(len(self.native.dtypes))]
+        lines += self.native.source(f"{k}e", feeds, results, empty)
+        temps += results
+        for o, (kind, idx, dims) in zip(outs, self.getters):
+            if o == "_":
+                continue
+            t = f"{k}_r" if kind == "mm" else results[idx]
+            same = dims is None or (kind == "epi" and _same_shape(dims, self.T))
+            lines.append(f"    {o} = {t}" if same else f"    {o} = {t}.reshape({shape(dims)})")
+        return lines + [f"    del {', '.join(temps)}"]
+
+    def bindings(self, k: str) -> dict:
+        return {**GemmCall(self.fn, self.operands, ()).bindings(k),
+                **self.native.bindings(f"{k}e")}
