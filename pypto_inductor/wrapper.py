@@ -22,6 +22,7 @@ import sys
 import sympy
 import torch
 
+from .codegen.cpp import alloc
 from .ir import ValueRef
 from .sizes import is_symbolic, resolve_static, size_source
 
@@ -84,7 +85,7 @@ def _has_refs(x) -> bool:
 
 def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
                  profile: bool, timings: dict, kernels: dict, pool_empty: set,
-                 reused: dict | None = None) -> tuple[str, dict]:
+                 reused: dict | None = None, pool_start: bool = True) -> tuple[str, dict]:
     """(source of ``call(args)``, the objects it binds). See the module docstring.
 
     ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
@@ -116,9 +117,11 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     out.append(f"    syms = ({''.join(f'sym{j}, ' for j in range(len(graph.symbols)))})")
     out.append("    args.clear()")  # the boxed convention: see CompiledGraph.__call__
     if pool is not None:
-        out.append("    pool_start(syms)")
+        if pool_start:
+            out.append("    pool_start(syms)")
         code.bound["pool_empty"] = pool.empty
     static = static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
+    small = small_outputs(program, kernels, pool_empty) if pool is not None else {}
     known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
     chains = _view_chains(graph, program) if COLLAPSE_VIEWS else {}
     interior = {s for chain in chains.values() for s in chain[1][:-1]}
@@ -158,8 +161,12 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")
+                if alloc.empty_strided_cpu is not None:
+                    code.bound.setdefault("empty_strided", alloc.empty_strided_cpu)
+                direct = {j: small[s] for j, s in enumerate(outs)
+                          if s in small and j not in reuse}
                 out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
-                                     [s in known for s in ins])
+                                     [s in known for s in ins], direct)
                 known.update(s for s in outs if s is not None)
                 if reuse:
                     out.append(f"    del {', '.join(reuse.values())}")
@@ -216,6 +223,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             dead.setdefault(static[s], []).append(names[s])
         recycle = [s for s in recycle if s not in static]
         for s in recycle:
+            if s in small:  # back to glibc's caches: no refcount check, no pool
+                continue
             v = names[s]
             out += [f"    if getrefcount({v}) == ALONE_REFS and "
                     f"use_count({v}.untyped_storage()._cdata) == ALONE_USES and "
@@ -232,7 +241,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         else:
             rets.append(code.size(o) if is_symbolic(o) else code.literal(o, names, slot))
     spare = [v for vs in dead.values() for v in vs]
-    out += [f"    pool_give({v})" for v in spare]  # the next call's allocations
+    # the next call's allocations (a small one allocates afresh: it is dropped)
+    out += [f"    pool_give({v})" for v in spare if int(v[3:]) not in small]
     if spare:
         out.append(f"    del {', '.join(spare)}")
     out.append(f"    return [{', '.join(rets)}]")
@@ -296,6 +306,38 @@ def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list, bool]]
     # a tail that is itself inside a longer chain is not a tail
     inner = {v for _, c, _, _ in chains.values() for v in c[:-1]}
     return {t: c for t, c in chains.items() if t not in inner}
+
+
+# A pooled output of at most this many bytes and a static shape is allocated directly and
+# dropped when dead: glibc serves such chunks from its caches in about 0.5 us, against
+# 1.3 us for the pool's round trip (lock, dict, and the refcount check before giving it
+# back). The pool pays off for large buffers (fresh pages, glibc sorting big chunks:
+# docs/runtime_overhead.md); a batch-1 decode step's activations are a few hundred bytes.
+SMALL_OUTPUT_BYTES = 64 << 10
+
+
+def small_outputs(program, kernels, pool_empty) -> dict[int, tuple]:
+    """Pooled outputs of kernels called inline (launcher.Launch) with a static shape of at
+    most SMALL_OUTPUT_BYTES: slot -> (sizes, contiguous strides), written into the
+    generated code's allocation (Inductor's ``empty_strided_cpu``)."""
+    if alloc.empty_strided_cpu is None:
+        return {}
+    small = {}
+    for kind, name, fn, ins, outs, step in program:
+        launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        if launch is None or getattr(launch, "gemm", False) or name not in pool_empty:
+            continue
+        for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
+            if s is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
+                continue
+            sizes = tuple(int(resolve_static(d)) for d in shape)
+            if math.prod(sizes) * dt.itemsize <= SMALL_OUTPUT_BYTES:
+                strides, n = [], 1
+                for d in reversed(sizes):  # torch's: a size-0 dim counts as 1
+                    strides.append(n)
+                    n *= max(d, 1)
+                small[s] = (sizes, tuple(reversed(strides)))
+    return small
 
 
 def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
