@@ -132,6 +132,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         if order[tail] > order.get(last_tail.get(base), -1):
             last_tail[base] = tail
     made: set[int] = set()  # chain tails emitted so far
+    linear = _linear_weights(graph, program, kernels, chains, interior)
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
@@ -145,7 +146,10 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
-                out += launch.source(k, [names[s] for s in ins], defs, code.size)
+                if ins and ins[-1] in linear:
+                    code.bound.setdefault("linear", torch.nn.functional.linear)
+                out += launch.source(k, [names[s] for s in ins], defs, code.size,
+                                     linear=bool(ins) and ins[-1] in linear)
             elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
@@ -202,6 +206,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             made.add(outs[0])
             held = deferred.pop(outs[0], ([], []))
             free, recycle = held[0] + list(free), held[1] + list(recycle)
+        elif kind == "view" and outs[0] in linear:  # the weight itself: see _linear_weights
+            out.append(f"    {defs[0]} = {args}")
         elif kind == "view":
             out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
             if ins and ins[0] in known:
@@ -317,15 +323,15 @@ SMALL_OUTPUT_BYTES = 64 << 10
 
 
 def small_outputs(program, kernels, pool_empty) -> dict[int, tuple]:
-    """Pooled outputs of kernels called inline (launcher.Launch) with a static shape of at
-    most SMALL_OUTPUT_BYTES: slot -> (sizes, contiguous strides), written into the
-    generated code's allocation (Inductor's ``empty_strided_cpu``)."""
+    """Outputs of kernels called inline (launcher.Launch) with a static shape of at most
+    SMALL_OUTPUT_BYTES: slot -> (sizes, contiguous strides), written into the generated
+    code's allocation (Inductor's ``empty_strided_cpu``); pooled or returned alike."""
     if alloc.empty_strided_cpu is None:
         return {}
     small = {}
     for kind, name, fn, ins, outs, step in program:
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-        if launch is None or getattr(launch, "gemm", False) or name not in pool_empty:
+        if launch is None or getattr(launch, "gemm", False):
             continue
         for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
             if s is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
@@ -369,6 +375,53 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
         if isinstance(o, str) and o in slots:
             bad.add(root.get(slots[o], slots[o]))
     return {s: k for s, k in key.items() if s not in bad}
+
+
+def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
+    """Slots of 2-D transposes (``permute(1, 0)``: an ``nn.Linear``'s weight) whose one
+    reader is a GEMM's right operand, ``mm(x, w.T)`` or ``addmm(b, x, w.T)`` on 2-D ``x``
+    and 1-D ``b``: the generated code calls ``F.linear(x, w[, b])`` on the weight itself,
+    which makes the same ATen call (``at::linear``: ``matmul(x, w.t())``, or
+    ``addmm(b, x, w.t())``) with the transpose taken in C++: no view call per GEMM (a
+    LLaMA decode step has 14)."""
+    readers: dict[int, list[int]] = {}
+    for i, (kind, name, fn, ins, outs, step) in enumerate(program):
+        for s in ins:
+            readers.setdefault(s, []).append(i)
+    slots = dict(graph_slots(graph, program))
+    returned = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
+    found = set()
+    for kind, name, fn, ins, outs, step in program:
+        if kind != "view" or step.op != "permute" or tuple(step.attrs.get("dims", ())) != (1, 0) \
+                or len(ins) != 1 or not outs or outs[0] is None or outs[0] in returned \
+                or outs[0] in chains or outs[0] in interior or len(step.out.shape) != 2:
+            continue
+        users = readers.get(outs[0], [])
+        if len(users) != 1:
+            continue
+        ukind, uname, _, uins, _, ustep = program[users[0]]
+        launch = getattr(kernels.get(uname), "launch", None) if ukind == "kernel" else None
+        if not getattr(launch, "gemm", False) or not uins or uins[-1] != outs[0] \
+                or uins.count(outs[0]) != 1:
+            continue
+        ops = launch.operands
+        specs = [_spec_of(graph, program, s) for s in uins]
+        if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs):
+            continue
+        x = specs[ops[-2][1]]
+        if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:
+            found.add(outs[0])
+        elif launch.fn is torch.addmm and len(ops) == 3 and len(x.shape) == 2 \
+                and len(specs[ops[0][1]].shape) == 1:
+            found.add(outs[0])
+    return found
+
+
+def _spec_of(graph, program, slot):
+    for name, s in graph_slots(graph, program):
+        if s == slot:
+            return graph.specs.get(name)
+    return None
 
 
 def graph_slots(graph, program):
