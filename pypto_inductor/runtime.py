@@ -28,6 +28,7 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, numel, resolve_static, size_function
+from . import wrapper
 from .wrapper import compile_graph, graph_source, small_outputs, static_reuse
 
 
@@ -148,7 +149,8 @@ class CompiledGraph:
             fn = kernel.fn  # called directly: no frame of the Kernel record per call
             ins = [self.slot[n] for n in step.inputs]
             outs = self._define(step.outputs)
-            if self.pool is not None and kernel.takes_allocator:
+            if self.pool is not None and kernel.takes_allocator \
+                    and not (kernel.launch is None and self._small_outputs(step)):
                 self.pooled.update(s for s in outs if s is not None)
                 # a kernel whose output is returned allocates afresh: taking a pooled
                 # buffer there would hand it to the caller and leave a later kernel a miss
@@ -162,6 +164,16 @@ class CompiledGraph:
                     self._define([step.name]))
         assert isinstance(step, ExternOp)
         return self._compile_extern(step, symbols)
+
+    def _small_outputs(self, tile: FusionTile) -> bool:
+        """Whether every output of the tile has a static shape of at most
+        wrapper.SMALL_OUTPUT_BYTES: a kernel called through its wrapper (a GEMM with a
+        native epilogue) then allocates them itself, no pool round trip and refcount check
+        (inline kernels: wrapper.small_outputs)."""
+        specs = [self.plan.graph.specs[n] for n in tile.outputs if n is not None]
+        return all(not is_symbolic(numel(sp.shape)) and
+                   int(numel(sp.shape)) * sp.dtype.itemsize <= wrapper.SMALL_OUTPUT_BYTES
+                   for sp in specs)
 
     def _build_kernel(self, tile: FusionTile, target: Target) -> Kernel:
         graph = self.plan.graph

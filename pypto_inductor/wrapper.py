@@ -132,7 +132,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         if order[tail] > order.get(last_tail.get(base), -1):
             last_tail[base] = tail
     made: set[int] = set()  # chain tails emitted so far
-    linear = _linear_weights(graph, program, kernels, chains, interior)
+    linear = _linear_weights(graph, program, kernels, chains, interior) if LINEAR_WEIGHTS \
+        else set()
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
@@ -258,6 +259,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
 
 
 COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
+LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weights)
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
