@@ -28,7 +28,8 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, numel, resolve_static, size_function
-from .wrapper import static_reuse, compile_graph, graph_source
+from . import wrapper
+from .wrapper import compile_graph, graph_source, small_outputs, static_reuse
 
 
 class KernelBuildError(RuntimeError):
@@ -107,11 +108,15 @@ class CompiledGraph:
         self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
         self._free_after = self._liveness()
         reused: dict[int, int] = {}
+        # small static outputs never go to the pool (wrapper.small_outputs)
+        self._small = (small_outputs(self.program, self.kernels, self.pool_empty)
+                       if self.pool is not None else {})
+        sized = self._pool_sized()
         self.source, bound = graph_source(
             graph, self.program, self._free_after, probe=self._probe,
             cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
             timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty,
-            reused=reused)
+            reused=reused, pool_start=sized)
         scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
                  "getrefcount": _getrefcount, "use_count": _use_count,
                  "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}
@@ -120,6 +125,8 @@ class CompiledGraph:
             self._pool_syms = None
             self._pool_token = next(_pool_tokens)
             weakref.finalize(self, self.pool.release, self._pool_token)
+            if not sized:  # the reservation is the same for every call: made once
+                self.pool.reserve(self._pool_token, self._pool_peak(()))
             scope.update(pool_start=self._pool_start, pool_give=self.pool.give)
         self._call = compile_graph(graph.name, self.source, bound, scope)
 
@@ -142,7 +149,8 @@ class CompiledGraph:
             fn = kernel.fn  # called directly: no frame of the Kernel record per call
             ins = [self.slot[n] for n in step.inputs]
             outs = self._define(step.outputs)
-            if self.pool is not None and kernel.takes_allocator:
+            if self.pool is not None and kernel.takes_allocator \
+                    and not (kernel.launch is None and self._small_outputs(step)):
                 self.pooled.update(s for s in outs if s is not None)
                 # a kernel whose output is returned allocates afresh: taking a pooled
                 # buffer there would hand it to the caller and leave a later kernel a miss
@@ -156,6 +164,16 @@ class CompiledGraph:
                     self._define([step.name]))
         assert isinstance(step, ExternOp)
         return self._compile_extern(step, symbols)
+
+    def _small_outputs(self, tile: FusionTile) -> bool:
+        """Whether every output of the tile has a static shape of at most
+        wrapper.SMALL_OUTPUT_BYTES: a kernel called through its wrapper (a GEMM with a
+        native epilogue) then allocates them itself, no pool round trip and refcount check
+        (inline kernels: wrapper.small_outputs)."""
+        specs = [self.plan.graph.specs[n] for n in tile.outputs if n is not None]
+        return all(not is_symbolic(numel(sp.shape)) and
+                   int(numel(sp.shape)) * sp.dtype.itemsize <= wrapper.SMALL_OUTPUT_BYTES
+                   for sp in specs)
 
     def _build_kernel(self, tile: FusionTile, target: Target) -> Kernel:
         graph = self.plan.graph
@@ -240,7 +258,8 @@ class CompiledGraph:
         for (kind, _, _, _, outs, step), (_, recycle) in zip(self.program, self._free_after):
             if kind == "kernel":
                 for name, s in zip(step.outputs, outs):
-                    if s in self.pooled and s not in reused and name not in returned:
+                    if s in self.pooled and s not in reused and name not in returned \
+                            and s not in self._small:
                         spec = graph.specs[name]
                         size[s] = numel(spec.shape) * spec.dtype.itemsize
                         live += size[s]
@@ -253,6 +272,19 @@ class CompiledGraph:
             return lambda syms: 0
         fn = size_function(tuple(totals), graph.symbols)
         return lambda syms: int(max(fn(syms)))
+
+    def _pool_sized(self) -> bool:
+        """Whether a pooled output's size depends on the size symbols (then the pool's
+        reservation follows them per call: ``pool_start``)."""
+        graph = self.plan.graph
+        returned = set(graph.outputs)
+        for kind, _, _, _, outs, step in self.program:
+            if kind == "kernel":
+                for name, s in zip(step.outputs, outs):
+                    if s in self.pooled and s not in self._small and name not in returned \
+                            and is_symbolic(numel(graph.specs[name].shape)):
+                        return True
+        return False
 
     def _pool_start(self, syms: tuple) -> None:
         """Called before each run: the pool's reservation follows the graph's sizes."""

@@ -22,6 +22,7 @@ import sys
 import sympy
 import torch
 
+from .codegen.cpp import alloc
 from .ir import ValueRef
 from .sizes import is_symbolic, resolve_static, size_source
 
@@ -84,7 +85,7 @@ def _has_refs(x) -> bool:
 
 def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
                  profile: bool, timings: dict, kernels: dict, pool_empty: set,
-                 reused: dict | None = None) -> tuple[str, dict]:
+                 reused: dict | None = None, pool_start: bool = True) -> tuple[str, dict]:
     """(source of ``call(args)``, the objects it binds). See the module docstring.
 
     ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
@@ -116,9 +117,11 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     out.append(f"    syms = ({''.join(f'sym{j}, ' for j in range(len(graph.symbols)))})")
     out.append("    args.clear()")  # the boxed convention: see CompiledGraph.__call__
     if pool is not None:
-        out.append("    pool_start(syms)")
+        if pool_start:
+            out.append("    pool_start(syms)")
         code.bound["pool_empty"] = pool.empty
     static = static_reuse(graph, program, kernels, pool_empty) if pool is not None else {}
+    small = small_outputs(program, kernels, pool_empty) if pool is not None else {}
     known: set[int] = set()  # slots whose strides the size symbols fix (launch outputs, views)
     chains = _view_chains(graph, program) if COLLAPSE_VIEWS else {}
     interior = {s for chain in chains.values() for s in chain[1][:-1]}
@@ -129,6 +132,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         if order[tail] > order.get(last_tail.get(base), -1):
             last_tail[base] = tail
     made: set[int] = set()  # chain tails emitted so far
+    linear = _linear_weights(graph, program, kernels, chains, interior) if LINEAR_WEIGHTS \
+        else set()
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
@@ -142,9 +147,12 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
+                lin = bool(ins) and ins[-1] in linear  # F.linear on the weight itself
+                if lin:
+                    code.bound.setdefault("linear", torch.nn.functional.linear)
                 native = getattr(launch, "native", None)  # and its epilogue (EpilogueCall)
                 if native is None:
-                    out += launch.source(k, [names[s] for s in ins], defs, code.size)
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size, lin)
                 else:
                     code.bound.setdefault("native_call", native.call)
                     empty = ("pool_empty" if name in pool_empty
@@ -152,7 +160,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     if "threads" not in code.bound:
                         code.bound["threads"] = torch.get_num_threads
                         out.insert(first_step, "    nthreads = threads()")
-                    out += launch.source(k, [names[s] for s in ins], defs, code.size, empty)
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size, empty,
+                                         lin)
             elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
@@ -168,8 +177,12 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")
+                if alloc.empty_strided_cpu is not None:
+                    code.bound.setdefault("empty_strided", alloc.empty_strided_cpu)
+                direct = {j: small[s] for j, s in enumerate(outs)
+                          if s in small and j not in reuse}
                 out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
-                                     [s in known for s in ins])
+                                     [s in known for s in ins], direct)
                 known.update(s for s in outs if s is not None)
                 if reuse:
                     out.append(f"    del {', '.join(reuse.values())}")
@@ -205,6 +218,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             made.add(outs[0])
             held = deferred.pop(outs[0], ([], []))
             free, recycle = held[0] + list(free), held[1] + list(recycle)
+        elif kind == "view" and outs[0] in linear:  # the weight itself: see _linear_weights
+            out.append(f"    {defs[0]} = {args}")
         elif kind == "view":
             out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
             if ins and ins[0] in known:
@@ -226,6 +241,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             dead.setdefault(static[s], []).append(names[s])
         recycle = [s for s in recycle if s not in static]
         for s in recycle:
+            if s in small:  # back to glibc's caches: no refcount check, no pool
+                continue
             v = names[s]
             out += [f"    if getrefcount({v}) == ALONE_REFS and "
                     f"use_count({v}.untyped_storage()._cdata) == ALONE_USES and "
@@ -242,7 +259,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         else:
             rets.append(code.size(o) if is_symbolic(o) else code.literal(o, names, slot))
     spare = [v for vs in dead.values() for v in vs]
-    out += [f"    pool_give({v})" for v in spare]  # the next call's allocations
+    # the next call's allocations (a small one allocates afresh: it is dropped)
+    out += [f"    pool_give({v})" for v in spare if int(v[3:]) not in small]
     if spare:
         out.append(f"    del {', '.join(spare)}")
     out.append(f"    return [{', '.join(rets)}]")
@@ -252,6 +270,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
 
 
 COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
+LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weights)
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
@@ -308,6 +327,38 @@ def _view_chains(graph, program) -> dict[int, tuple[int, list[int], list, bool]]
     return {t: c for t, c in chains.items() if t not in inner}
 
 
+# A pooled output of at most this many bytes and a static shape is allocated directly and
+# dropped when dead: glibc serves such chunks from its caches in about 0.5 us, against
+# 1.3 us for the pool's round trip (lock, dict, and the refcount check before giving it
+# back). The pool pays off for large buffers (fresh pages, glibc sorting big chunks:
+# docs/runtime_overhead.md); a batch-1 decode step's activations are a few hundred bytes.
+SMALL_OUTPUT_BYTES = 64 << 10
+
+
+def small_outputs(program, kernels, pool_empty) -> dict[int, tuple]:
+    """Outputs of kernels called inline (launcher.Launch) with a static shape of at most
+    SMALL_OUTPUT_BYTES: slot -> (sizes, contiguous strides), written into the generated
+    code's allocation (Inductor's ``empty_strided_cpu``); pooled or returned alike."""
+    if alloc.empty_strided_cpu is None:
+        return {}
+    small = {}
+    for kind, name, fn, ins, outs, step in program:
+        launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        if launch is None or getattr(launch, "gemm", False):
+            continue
+        for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
+            if s is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
+                continue
+            sizes = tuple(int(resolve_static(d)) for d in shape)
+            if math.prod(sizes) * dt.itemsize <= SMALL_OUTPUT_BYTES:
+                strides, n = [], 1
+                for d in reversed(sizes):  # torch's: a size-0 dim counts as 1
+                    strides.append(n)
+                    n *= max(d, 1)
+                small[s] = (sizes, tuple(reversed(strides)))
+    return small
+
+
 def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     """Kernel outputs whose buffers a later kernel may write into once they are dead,
     decided at compile time (as Inductor's wrapper reuses buffers): slot -> (shape, dtype).
@@ -337,6 +388,54 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
         if isinstance(o, str) and o in slots:
             bad.add(root.get(slots[o], slots[o]))
     return {s: k for s, k in key.items() if s not in bad}
+
+
+def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
+    """Slots of 2-D transposes (``permute(1, 0)``: an ``nn.Linear``'s weight) whose one
+    reader is a GEMM's right operand, ``mm(x, w.T)`` or ``addmm(b, x, w.T)`` on 2-D ``x``
+    and 1-D ``b``: the generated code calls ``F.linear(x, w[, b])`` on the weight itself,
+    which makes the same ATen call (``at::linear``: ``matmul(x, w.t())``, or
+    ``addmm(b, x, w.t())``) with the transpose taken in C++: no view call per GEMM (a
+    LLaMA decode step has 14)."""
+    readers: dict[int, list[int]] = {}
+    for i, (kind, name, fn, ins, outs, step) in enumerate(program):
+        for s in ins:
+            readers.setdefault(s, []).append(i)
+    slots = dict(graph_slots(graph, program))
+    returned = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
+    found = set()
+    for kind, name, fn, ins, outs, step in program:
+        if kind != "view" or step.op != "permute" or tuple(step.attrs.get("dims", ())) != (1, 0) \
+                or len(ins) != 1 or not outs or outs[0] is None or outs[0] in returned \
+                or outs[0] in chains or outs[0] in interior or len(step.out.shape) != 2:
+            continue
+        users = readers.get(outs[0], [])
+        if len(users) != 1:
+            continue
+        ukind, uname, _, uins, _, ustep = program[users[0]]
+        launch = getattr(kernels.get(uname), "launch", None) if ukind == "kernel" else None
+        if not getattr(launch, "gemm", False) or not uins or uins[-1] != outs[0] \
+                or uins.count(outs[0]) != 1:
+            continue
+        ops = launch.operands
+        specs = [_spec_of(graph, program, s) for s in uins]
+        if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs) \
+                or ops[-1][1] != len(uins) - 1:  # the transpose is the GEMM's right operand
+            continue
+        x = specs[ops[-2][1]]
+        if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:
+            found.add(outs[0])
+        elif launch.fn is torch.addmm and len(ops) == 3 and len(x.shape) == 2 \
+                and len(specs[ops[0][1]].shape) == 1:
+            found.add(outs[0])
+    return found
+
+
+def _spec_of(graph, program, slot):
+    for name, s in graph_slots(graph, program):
+        if s == slot:
+            return graph.specs.get(name)
+    return None
 
 
 def graph_slots(graph, program):

@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from pypto_inductor import models
+from pypto_inductor import models, wrapper
 from pypto_inductor.codegen.cpp import alloc as host_alloc
 from pypto_inductor.report import collect
 
@@ -30,6 +30,9 @@ def fresh_pool(monkeypatch):
     """Each test's graphs get a pool of their own: the process's pool also holds, and
     reserves for, the graphs earlier tests left alive, which the counts here must not see."""
     monkeypatch.setattr(host_alloc, "POOL", host_alloc.BufferPool())
+    # the buffers here are small: pooled all the same (by default a static output of at
+    # most 64 KiB is allocated directly: test_graph_code.py)
+    monkeypatch.setattr(wrapper, "SMALL_OUTPUT_BYTES", -1)
 
 
 @pytest.fixture

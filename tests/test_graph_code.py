@@ -68,7 +68,8 @@ def test_gemm_tiles_are_the_torch_call_in_the_graph_code():
     x, w1, b1, w2 = torch.randn(3, 7, 16), torch.randn(32, 16), torch.randn(32), torch.randn(8, 32)
     out, source = _compiled(linear_chain, x, w1, b1, w2)
     torch.testing.assert_close(out, linear_chain(x, w1, b1, w2), rtol=1e-4, atol=1e-5)
-    assert "_fn(" in source, source  # matmul.GemmCall: kN_fn(...) in the graph's code
+    # matmul.GemmCall: kN_fn(...) or linear(...) in the graph's code
+    assert "_fn(" in source or "linear(" in source, source
 
 
 def pooler(h, w1, b1, w2, b2):
@@ -110,3 +111,54 @@ def test_gemm_epilogues_are_inline_in_the_graph_code(case, dynamic):
     for b in (4, 3, 6):  # again (the layout cache), and other batch sizes
         inputs = make(b)
         torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=1e-4, atol=1e-5)
+
+
+def linears_2d(x, w1, b1, w2, w3):
+    h = torch.tanh(F.linear(x, w1, b1))  # addmm(b1, x, w1.T)
+    return F.linear(h, w2) * 2 + h @ w3.t() @ w3  # mm(h, w2.T); w3.T also read by a matmul
+
+
+def test_linear_weights_are_read_untransposed():
+    # a 2-D transpose read only as a GEMM's right operand: F.linear on the weight itself
+    # (wrapper._linear_weights), the same ATen call without a view per call
+    x, w1, b1 = torch.randn(5, 16), torch.randn(32, 16), torch.randn(32)
+    w2, w3 = torch.randn(32, 32), torch.randn(8, 32)
+    out, source = _compiled(linears_2d, x, w1, b1, w2, w3)
+    torch.testing.assert_close(out, linears_2d(x, w1, b1, w2, w3), rtol=1e-4, atol=1e-4)
+    assert "linear(" in source, source
+    fn = torch.compile(linears_2d, backend="pypto", dynamic=True)
+    for rows in (3, 9):
+        args = (torch.randn(rows, 16), w1, b1, w2, w3)
+        torch.testing.assert_close(fn(*args), linears_2d(*args), rtol=1e-4, atol=1e-4)
+
+
+def small_and_large(x, y, w):
+    a, b = torch.exp(x) * 2 + 1, torch.sin(y) - 1  # each read by a GEMM: kernels of their own
+    return torch.cos(a @ w).sum(-1), torch.cos(b @ w).sum(-1)
+
+
+def test_small_static_outputs_are_allocated_directly():
+    # outputs of at most wrapper.SMALL_OUTPUT_BYTES with a static shape: empty_strided with
+    # the strides written out, not the buffer pool (y's 128 KiB sin still takes the pool)
+    x, y, w = torch.randn(4, 16), torch.randn(2048, 16), torch.randn(16, 16)
+    out, source = _compiled(small_and_large, x, y, w)
+    for got, want in zip(out, small_and_large(x, y, w)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert "empty_strided((4, 16), (16, 1)" in source, source
+    assert "pool_empty(meta" in source, source
+    compiled = torch.compile(small_and_large, backend="pypto")
+    for _ in range(3):  # called again: fresh buffers, the same results
+        x, y = torch.randn(4, 16), torch.randn(2048, 16)
+        for got, want in zip(compiled(x, y, w), small_and_large(x, y, w)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_small_outputs_with_dynamic_sizes_take_the_pool():
+    def fn(x):
+        return torch.cos(torch.exp(x) * 2).sum(-1)
+
+    compiled = torch.compile(fn, backend="pypto", dynamic=True)
+    torch._dynamo.reset()
+    for n in (3, 5, 3, 8):
+        x = torch.randn(n, 16)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4)

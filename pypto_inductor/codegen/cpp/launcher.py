@@ -138,21 +138,25 @@ class Launch:
     index_error: Callable | None = None
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
-               reuse: dict[int, str] | None = None, known: list[bool] | None = None
-               ) -> list[str]:
+               reuse: dict[int, str] | None = None, known: list[bool] | None = None,
+               direct: dict[int, tuple] | None = None) -> list[str]:
         """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
         and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
         ``reuse``: output index -> a dead buffer of its shape and dtype to write into;
         ``known``: per input, whether the size symbols alone fix its strides (a native
         kernel's output, or a view of one): None stands for them in the layout key (the
-        wrapper's own keys never hold None, so the two never collide)."""
-        reuse, known = reuse or {}, known or [False] * len(ins)
+        wrapper's own keys never hold None, so the two never collide); ``direct``: output
+        index -> (sizes, strides) of a small static output allocated with them written out
+        (``empty_strided``, bound by the caller: wrapper.small_outputs), as is the status."""
+        reuse, known, direct = reuse or {}, known or [False] * len(ins), dict(direct or {})
         key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
                                    for i, kn in zip(ins, known))])
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
         check = []
         if self.index_error is not None:
             tmp.append(f"{k}_status")
+            if alloc.empty_strided_cpu is not None:  # dropped after the call: never pooled
+                direct[len(outs)] = ((1,), (1,))
             outs = [*outs, "_"]
             check = [f"    if {k}_status.item():",
                      f"        {k}_index_error({k}_status.item())"]
@@ -161,6 +165,8 @@ class Launch:
                 "    if meta is None:",
                 f"        meta = {k}_layout([{', '.join(ins)}], syms, key)",
                 *(f"    {o} = {reuse[j]}" if j in reuse else
+                  f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
+                  if j in direct else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
                 "meta[0], meta[1], nthreads)",

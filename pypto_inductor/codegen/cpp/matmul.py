@@ -398,9 +398,18 @@ class GemmCall:
     shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
     gemm = True  # tells wrapper.py this is not a native kernel's Launch
 
-    def source(self, k: str, ins: list[str], outs: list[str], size) -> list[str]:
+    def source(self, k: str, ins: list[str], outs: list[str], size, linear: bool = False
+               ) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
-        ``size(expr)`` prints a size expression."""
+        ``size(expr)`` prints a size expression. ``linear``: the last input is the weight
+        the right operand transposes (wrapper._linear_weights): ``linear(x, w[, bias])``."""
+        if linear:  # matmul(x, wT) -> linear(x, w); addmm(b, x, wT) -> linear(x, w, b)
+            x, w, *bias = ([ins[op[1]] for op in self.operands[1:]]
+                           + [ins[self.operands[0][1]]]) if len(self.operands) == 3 \
+                else [ins[op[1]] for op in self.operands]
+            call = f"linear({', '.join([x, w, *bias])})"
+        else:
+            call = None
         args = []
         for j, op in enumerate(self.operands):
             if op[0] == "in":
@@ -412,7 +421,7 @@ class GemmCall:
             else:
                 v = op[1]
                 args.append(repr(v) if v is None or type(v) in (str, int, bool) else f"{k}_c{j}")
-        lines = [f"    {k}_r = {k}_fn({', '.join(args)})"]
+        lines = [f"    {k}_r = {call or f'{k}_fn(' + ', '.join(args) + ')'}"]
         for o, shape in zip(outs, self.shapes):
             if o == "_":
                 continue
@@ -443,13 +452,15 @@ class EpilogueCall:
     native: object  # the epilogue kernel's launcher.Launch
     gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
 
-    def source(self, k: str, ins: list[str], outs: list[str], size, empty: str) -> list[str]:
+    def source(self, k: str, ins: list[str], outs: list[str], size, empty: str,
+               linear: bool = False) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
-        allocator of the epilogue's outputs, ``size(expr)`` prints a size expression."""
+        allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
+        ``linear`` as in :meth:`GemmCall.source`."""
         def shape(dims):
             return f"({''.join(size(d) + ', ' for d in dims)})"
 
-        lines = GemmCall(self.fn, self.operands, ()).source(k, ins, [], size)[:1]
+        lines = GemmCall(self.fn, self.operands, ()).source(k, ins, [], size, linear)[:1]
         temps = [f"{k}_r"]
         feeds = []
         for j, (i, dims) in enumerate(self.feeds):
