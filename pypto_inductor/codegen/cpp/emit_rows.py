@@ -27,10 +27,14 @@ REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.i
 # chain of scalar adds over the vector's lanes, which costs more than the split saves on a
 # short row (add + LayerNorm, 512 rows of 64: 71 -> 46 us a call; of 768: 221 -> 211 us)
 LANES_MIN_COLUMNS = 1024
-# Their float sums instead add VECTOR_LANES columns at a time into an array of partial sums
-# combined as a tree (RowEmitter.vector_lanes): log2(VECTOR_LANES) vector adds in place of
-# the `omp simd` epilogue's scalar chain
+# Float sums of cheap values add VECTOR_LANES columns at a time into as many named partial
+# sums, which GCC's SLP vectoriser keeps in vector registers, then combine them as a tree of
+# vector adds (RowEmitter.vector_lanes). GCC 12 ends an `omp simd reduction` with a scalar
+# add per vector lane (16 dependent vaddss per accumulator, per SUM_BLOCK): on a 1024-column
+# row from L1 a pass took 122 ns that way and 36 ns with 64 named lanes (docs/benchmarks.md).
+# Rows of fewer than LANES_MIN_COLUMNS static columns take 16 lanes, longer ones 64.
 VECTOR_LANES = 16
+LONG_VECTOR_LANES = 64
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double, a two-level cascade like eager's: the vectorised fast path's accumulators
 # (REDUCTION_LANES x the vector's lanes) each take a few dozen terms, so the error stays
@@ -393,9 +397,10 @@ class RowEmitter:
         short = cols.is_Integer and int(cols) < LANES_MIN_COLUMNS
         cheap = not any(self.calls_math(x) for x in self.col_deps(
             [a for x in reductions for a in x.args]))
-        vec = short and segs == 1 and cheap and bool(reductions) and all(
+        vec = segs == 1 and cheap and bool(reductions) and all(
             x.attrs["red"] == "sum" and ctype(x.dtype) == "float" for x in reductions)
-        lanes = REDUCTION_LANES if segs == 1 and not short and any(
+        nvec = VECTOR_LANES if short else LONG_VECTOR_LANES
+        lanes = REDUCTION_LANES if segs == 1 and not short and not vec and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
         ) and not self.streams(reductions) else 1
@@ -429,8 +434,8 @@ class RowEmitter:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
                 if path == "fast" and vec:
-                    self.vector_lanes(reductions, deps, tail, lo, hi)
-                    lo = f"{lo} + {VECTOR_LANES} * cv"  # the remaining columns, in order
+                    self.vector_lanes(reductions, deps, tail, lo, hi, nvec)
+                    lo = f"{lo} + {nvec} * cv"  # the remaining columns, in order
                 else:
                     self.w(self.pragma(reductions))
                 self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
@@ -499,24 +504,27 @@ class RowEmitter:
             self.w("       }")
         self.w("      }")
 
-    def vector_lanes(self, reductions, deps, tail, lo, hi) -> None:
-        """Columns [lo, lo + VECTOR_LANES * cv) of a short row's float sums: lane l of
-        ``acc<id>_v`` sums the columns l mod VECTOR_LANES, the lanes then add as a tree
-        into acc<id>."""
-        n = VECTOR_LANES
+    def vector_lanes(self, reductions, deps, tail, lo, hi, n) -> None:
+        """Columns [lo, lo + n * cv) of a row's float sums: partial sum acc<id>_s<l> adds
+        the columns l mod n (one named variable per lane, each block of n columns written
+        out, so GCC's SLP vectoriser holds them in n / 16 vector registers without
+        reassociating any of them), then the lanes add as a tree of vector adds into
+        acc<id>."""
         self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
         for x in reductions:
-            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = {{}};")
+            self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
-        self.w("       #pragma omp simd")
-        self.w(f"       for (int64_t l = 0; l < {n}; ++l) {{")
-        self.w(f"        const int64_t c = {lo} + q * {n} + l;")
-        for x in deps:
-            self.define(x, "        ", col=True)
-        for line in tail("fast", "_v[l]"):
-            self.w("        " + line)
-        self.w("       }")
+        for l in range(n):
+            self.w(f"       {{ const int64_t c = {lo} + q * {n} + {l};")
+            for x in deps:
+                self.define(x, "        ", col=True)
+            for line in tail("fast", f"_s{l}"):
+                self.w("        " + line)
+            self.w("       }")
         self.w("      }")
+        for x in reductions:
+            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = "
+                   f"{{{', '.join(f'acc{x.id}_s{l}' for l in range(n))}}};")
         width = n // 2
         while width:
             for x in reductions:
