@@ -59,6 +59,13 @@ STAGE_HALF = True  # switch (the benchmark's "before")
 # fp16 row input once per row into a float row on the stack that every pass reads
 # (LayerNorm: once, not three times).
 ROW_STAGE = 8192
+# In a staged fp16 loop that calls a prelude math function (silu's exp), each rounded fp16
+# intermediate is computed in a loop of its own into a float block and rounded there by
+# pi_rnd_f16_n (vcvtps2ph + vcvtph2ps); the last loop reads the blocks. Inline, rnd_f16's
+# 9-op chain made the x * w + b -> silu fp16 kernel twice as slow as without the roundings
+# (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
+# RMSNorm output loop was slower split: docs/benchmarks.md).
+SPLIT_ROUNDINGS = True
 
 class RowEmitter:
     def __init__(self, p):
@@ -100,6 +107,7 @@ class RowEmitter:
                            and all(s.dtype == x.dtype for y, s in p.outputs if y is x)}
         self.staged: dict[int, str] = {}  # access -> its float block in the loop being written
         self.row_staged: set[int] = set()  # accesses converted once per row (stage_rows)
+        self.blocked: dict[int, str] = {}  # fp16 value -> its rounded float block
 
     def w(self, line: str) -> None:
         self.lines.append(line)
@@ -253,7 +261,9 @@ class RowEmitter:
                 self.define(x, "    ", col=False)
 
     def define(self, x, ind: str, col: bool, path: str = "fast") -> None:
-        if x.kind == "load":
+        if col and path == "fast" and x.id in self.blocked:
+            rhs = f"{self.blocked[x.id]}[c - cs]"
+        elif x.kind == "load":
             spec = self.p.input_specs[self.p.accesses[x.attrs["access"]].input]
             k = x.attrs["access"]
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
@@ -320,7 +330,7 @@ class RowEmitter:
             x = stack.pop()
             if x.level == "col" and x.id not in seen:
                 seen.add(x.id)
-                if x.id in self.stored:  # read back from the row scratch, not recomputed
+                if x.id in self.stored or x.id in self.blocked:  # read back, not recomputed
                     continue
                 args = x.args
                 if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
@@ -429,6 +439,9 @@ class RowEmitter:
                     for k, _, _ in souts:
                         self.w(f"      alignas(64) float so{k}[{STAGE}];")
                     lo, hi = "cs", "ce"
+                    if self.split_roundings(deps, reductions, segs, targets):
+                        deps = self.col_deps([a for x in reductions for a in x.args] + [
+                            x for x in targets if x.kind != "reduce"])
                 staged_outs = {k for k, _, _ in souts}
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
@@ -458,8 +471,59 @@ class RowEmitter:
                         self.w(f"      pi_st_f16_n(so{k}, out{k} + r * C + cs, ce - cs);")
                     self.w("      }")
                     self.staged = {}
+                    self.blocked = {}
             self.seg = 0
             self.w("    }")
+
+    def split_roundings(self, deps, reductions, segs, targets) -> bool:
+        """In a staged block [cs, ce) of a loop without reductions that calls a math
+        function, compute each rounded fp16 intermediate among ``deps`` in a loop of its own
+        into a float block, rounded by pi_rnd_f16_n (SPLIT_ROUNDINGS); later loops read it.
+        A block whose value the loop being written reads for the last time takes that
+        loop's result in place: fewer blocks stay in L1 (the silu kernel with a second
+        block 4027 us, in place 3103 us)."""
+        if not SPLIT_ROUNDINGS or reductions or segs != 1 or (self.cached - self.stored) \
+                or not any(self.calls_math(x) for x in deps):
+            return False
+        points = [x for x in deps if x.level == "col" and x.kind in ("op", "expr")
+                  and x.dtype == torch.float16 and x.attrs.get("op") != "cat"
+                  and x.id not in self.store_only and x.id not in self.stored
+                  and expression(x, self.var).startswith("rnd_f16(")]
+        if not points:
+            return False
+
+        def reads(nodes, before) -> set[int]:  # the points among `before` a loop reads
+            self.blocked = {y.id: "" for y in before}
+            got = {y.id for y in self.col_deps(nodes) if y.id in self.blocked}
+            self.blocked = {}
+            return got
+        loops = [reads([a for a in x.args if hasattr(a, "id")], points[:k])
+                 for k, x in enumerate(points)]
+        loops.append(reads(targets, points))
+        last = {x.id: max(k for k, r in enumerate(loops) if x.id in r or k == i)
+                for i, x in enumerate(points)}
+        names: dict[int, str] = {}
+        free: list[str] = []
+        for k, x in enumerate(points):
+            dying = [names[y] for y in sorted(loops[k]) if last[y] == k]
+            if dying:  # in place: each column reads its value before writing the new one
+                name = dying[0]
+                free += dying[1:]
+            elif free:
+                name = free.pop()
+            else:
+                name = f"sh{k}"
+                self.w(f"      alignas(64) float {name}[{STAGE}];")
+            self.w("      #pragma omp simd")
+            self.w("      for (int64_t c = cs; c < ce; ++c) {")
+            for y in self.col_deps([a for a in x.args if hasattr(a, "id")]):
+                self.define(y, "        ", col=True)
+            self.w(f"        {name}[c - cs] = {expression(x, self.var, rounded=False)};")
+            self.w("      }")
+            self.w(f"      pi_rnd_f16_n({name}, ce - cs);")
+            names[x.id] = name
+            self.blocked[x.id] = name
+        return True
 
     def streams(self, reductions) -> bool:
         """Whether the pass computing ``reductions`` is the row's first (stage 1) and reads a
