@@ -331,8 +331,9 @@ def test_split_roundings_match_unsplit(cols, monkeypatch, sources):
     """A staged fp16 loop with a math call computes each rounded intermediate in a loop of
     its own, rounded in place by pi_rnd_f16_n (emit_rows.SPLIT_ROUNDINGS): the same bits
     as rounding inline, and eager's values. silu(x * w + b) (each block rewritten in place
-    by the next loop), and a chain whose first intermediate the last loop reads again (a
-    block kept while another is written), with special values in the rows."""
+    by the next loop, the first in x's staged block), and a chain whose first intermediate
+    the last loop reads again (a block kept while another is written), with special values
+    in the rows."""
     def chain(x, w, b):
         t = x * w
         return F.silu(t + b) * t, torch.sigmoid(x + b)
@@ -342,7 +343,7 @@ def test_split_roundings_match_unsplit(cols, monkeypatch, sources):
     x[1, :min(cols, len(specials))] = specials[:cols].to(torch.float16)
     for fn in (CASES["mul_add_silu"], chain):
         split, _ = _check(fn, x, w, b, sources=sources)
-        assert any("pi_rnd_f16_n(sh" in src for src in sources)
+        assert any("pi_rnd_f16_n(s" in src for src in sources)  # a staged or own block
         monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", False)
         torch._dynamo.reset()
         inline, _ = _check(fn, x, w, b)
