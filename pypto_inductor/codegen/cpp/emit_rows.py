@@ -535,7 +535,8 @@ class RowEmitter:
         accumulator: the REDUCTION_LANES parts read the row as four streams a quarter row
         apart, which the prefetcher follows badly: a 4096x1024 bf16 row sum from memory
         took 2x as long in four parts as in one (docs/benchmarks.md, half-type section).
-        Later passes read the row from L1, where the parts hide the adds' latency."""
+        Later passes read the row from L1, where the parts hide the adds' latency. (Passes
+        of float sums of cheap values take vector_lanes instead, one stream.)"""
         if not reductions or any(self.stage[x.id] != 1 for x in reductions):
             return False
         return any(x.kind in ("load", "gather") and x.attrs["access"] not in self.row_staged
