@@ -103,8 +103,9 @@ def _same(out, ref, what):
     nan = ref.isnan()
     assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
     o, r = out[~nan], ref[~nan]
-    bad = (o.view(torch.int16) if o.dtype == torch.float16 else o.view(torch.int32)) != \
-        (r.view(torch.int16) if r.dtype == torch.float16 else r.view(torch.int32))
+    half = (torch.float16, torch.bfloat16)
+    bad = (o.view(torch.int16) if o.dtype in half else o.view(torch.int32)) != \
+        (r.view(torch.int16) if r.dtype in half else r.view(torch.int32))
     if bad.any():
         i = bad.nonzero()[:5, 0]
         pytest.fail(f"{what}: {int(bad.sum())} differ, e.g. out {o[i].tolist()} eager {r[i].tolist()}")
@@ -326,24 +327,26 @@ def test_dynamic_sizes_and_two_threads(sources):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("cols", [1, 15, 17, 1027, 2 * emit_rows.STAGE + 33])
-def test_split_roundings_match_unsplit(cols, monkeypatch, sources):
+def test_split_roundings_match_unsplit(cols, dtype, monkeypatch, sources):
     """A staged fp16 loop with a math call computes each rounded intermediate in a loop of
     its own, rounded in place by pi_rnd_f16_n (emit_rows.SPLIT_ROUNDINGS): the same bits
     as rounding inline, and eager's values. silu(x * w + b) (each block rewritten in place
     by the next loop, the first in x's staged block), and a chain whose first intermediate
     the last loop reads again (a block kept while another is written), with special values
-    in the rows."""
+    in the rows. bf16 (not staged) gets the same blocks, rounded by rnd_bf16 in the loop."""
     def chain(x, w, b):
         t = x * w
         return F.silu(t + b) * t, torch.sigmoid(x + b)
-    x, w, b = _h(4, cols) * 4, _h(cols), _h(cols)
+    x, w, b = (torch.randn(4, cols) * 4).to(dtype), _h(cols).to(dtype), _h(cols).to(dtype)
     specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 6e-8, 65504.0,
                              300.0, -300.0, 2.0 ** -24, 1e-4])
-    x[1, :min(cols, len(specials))] = specials[:cols].to(torch.float16)
+    x[1, :min(cols, len(specials))] = specials[:cols].to(dtype)
     for fn in (CASES["mul_add_silu"], chain):
-        split, _ = _check(fn, x, w, b, sources=sources)
-        assert any("pi_rnd_f16_n(s" in src for src in sources)  # a staged or own block
+        split, _ = _check(fn, x, w, b, sources=sources, staged=dtype == torch.float16)
+        mark = "pi_rnd_f16_n(s" if dtype == torch.float16 else "sh0[c - cs] = rnd_bf16("
+        assert any(mark in src for src in sources)  # a staged or own block
         monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", False)
         torch._dynamo.reset()
         inline, _ = _check(fn, x, w, b)

@@ -427,7 +427,10 @@ class RowEmitter:
                 lo = c0 if s == 0 else f"std::max<int64_t>({c0}, CB{s})"
                 hi = c1 if s == segs - 1 else f"std::min<int64_t>({c1}, CB{s + 1})"
                 ins, souts = self.staging(deps, outs) if path == "fast" else ([], [])
-                if ins or souts:  # blocks of STAGE columns through float buffers
+                # bf16 loops are not staged; a split of their roundings needs the blocks too
+                blocks = bool(ins or souts) or (path == "fast" and bool(
+                    self.rounding_points(deps, reductions, segs, torch.bfloat16)))
+                if blocks:  # blocks of STAGE columns through float buffers
                     self.w(f"      for (int64_t cs = {lo}; cs < {hi}; cs += {STAGE}) {{")
                     self.w(f"      const int64_t ce = std::min<int64_t>(cs + {STAGE}, {hi});")
                     for k in ins:
@@ -466,7 +469,7 @@ class RowEmitter:
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
-                if ins or souts:
+                if blocks:
                     for k in sorted(staged_outs):
                         self.w(f"      pi_st_f16_n(so{k}, out{k} + r * C + cs, ce - cs);")
                     self.w("      }")
@@ -483,13 +486,9 @@ class RowEmitter:
         reads for the last time takes that loop's result in place: fewer blocks stay in L1
         (the silu kernel with a second block 4027 us, in place 3103 us; gelu(x + y) with a
         block of its own 3209 us, in x's 2587 us, rnd_f16 inline 2773 us)."""
-        if not SPLIT_ROUNDINGS or reductions or segs != 1 or (self.cached - self.stored) \
-                or not any(self.calls_math(x) for x in deps):
-            return False
-        points = [x for x in deps if x.level == "col" and x.kind in ("op", "expr")
-                  and x.dtype == torch.float16 and x.attrs.get("op") != "cat"
-                  and x.id not in self.store_only and x.id not in self.stored
-                  and expression(x, self.var).startswith("rnd_f16(")]
+        points = self.rounding_points(deps, reductions, segs, torch.float16) + \
+            self.rounding_points(deps, reductions, segs, torch.bfloat16)
+        points = [x for x in deps if x in points]  # in order
         if not points:
             return False
 
@@ -522,12 +521,29 @@ class RowEmitter:
             self.w("      for (int64_t c = cs; c < ce; ++c) {")
             for y in self.col_deps([a for a in x.args if hasattr(a, "id")]):
                 self.define(y, "        ", col=True)
-            self.w(f"        {name}[c - cs] = {expression(x, self.var, rounded=False)};")
-            self.w("      }")
-            self.w(f"      pi_rnd_f16_n({name}, ce - cs);")
+            if x.dtype == torch.float16:  # rounded by the block conversion after the loop
+                self.w(f"        {name}[c - cs] = {expression(x, self.var, rounded=False)};")
+                self.w("      }")
+                self.w(f"      pi_rnd_f16_n({name}, ce - cs);")
+            else:  # bf16: rnd_bf16 in the loop, which GCC vectorises as integer ops
+                self.w(f"        {name}[c - cs] = {expression(x, self.var)};")
+                self.w("      }")
             names[("sh", x.id)] = name
             self.blocked[x.id] = name
         return True
+
+    def rounding_points(self, deps, reductions, segs, dtype) -> list:
+        """The rounded ``dtype`` intermediates among ``deps`` split_roundings computes in
+        loops of their own (none unless the loop has no reductions and calls a math
+        function)."""
+        if not SPLIT_ROUNDINGS or reductions or segs != 1 or (self.cached - self.stored) \
+                or not any(self.calls_math(x) for x in deps):
+            return []
+        fn = "rnd_f16(" if dtype == torch.float16 else "rnd_bf16("
+        return [x for x in deps if x.level == "col" and x.kind in ("op", "expr")
+                and x.dtype == dtype and x.attrs.get("op") != "cat"
+                and x.id not in self.store_only and x.id not in self.stored
+                and expression(x, self.var).startswith(fn)]
 
     def streams(self, reductions) -> bool:
         """Whether the pass computing ``reductions`` is the row's first (stage 1) and reads a
