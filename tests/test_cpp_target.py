@@ -279,11 +279,12 @@ def test_row_sums_in_lanes_at_every_remainder(dtype, built, tol):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_first_row_pass_streams_with_one_accumulator(dtype, built, tol):
-    """The first pass over a long row (1024+ columns) reads it from memory with one
-    accumulator (the four-part split reads four streams, which the prefetcher follows
-    badly); a later pass over the row, from L1, keeps the parts. LayerNorm (mean, then
-    variance) and RMSNorm (sum of squares) at row lengths with and without a remainder."""
+def test_long_row_sums_in_vector_lanes(dtype, built, tol):
+    """Float sums of cheap values over a long row (1024+ columns) add LONG_VECTOR_LANES
+    columns at a time into named partial sums (vectorised by GCC's SLP, no `omp simd
+    reduction` and its scalar per-lane epilogue) and combine them as a tree; every pass,
+    the first (from memory) and the later ones (from L1). LayerNorm (mean, then variance)
+    and RMSNorm (sum of squares) at row lengths with and without a remainder."""
     def fn(x, w, b):
         ln = F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
         rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -293,13 +294,11 @@ def test_first_row_pass_streams_with_one_accumulator(dtype, built, tol):
         check(fn, rand(6, cols, dtype=dtype) * 3 + 1, rand(cols, dtype=dtype),
               rand(cols, dtype=dtype), built=built, **tol(dtype))
     sources = [cpp.generate_source(k.program) for _, k in built if k.native]
-    # the variance pass still runs in parts (fp16 rows are staged on the stack first, so
-    # their first pass reads L1 and keeps the parts too)
-    assert any("const int64_t cq =" in src for src in sources)
-    if dtype != torch.float16:
-        for src in sources:  # the first reduction loop of each kernel: one accumulator
-            first = src.index("#pragma omp simd reduction")
-            assert "const int64_t cq =" not in src[src.index("for (int64_t wi"):first]
+    lanes = cpp.emit_rows.LONG_VECTOR_LANES
+    assert sources and all(f"_s{lanes - 1} +=" in src for src in sources)
+    for src in sources:  # no float sum runs in the 4-part split (only the double redos)
+        assert not any(line.strip().startswith("float acc") and "_1 = " in line
+                       for line in src.splitlines())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -28,6 +28,10 @@ extern "C" void t_st(const float* s, uint16_t* d, int64_t n) { pi_st_f16_n(s, d,
 extern "C" void t_rnd(const float* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = rnd_f16(s[i]);
 }
+extern "C" void t_rnd_n(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+  pi_rnd_f16_n(d, n);
+}
 extern "C" void t_rnd_bf16(const float* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = rnd_bf16(s[i]);
 }
@@ -64,7 +68,7 @@ def _lib(isa):
     flags = ISAS[isa]
     if flags and "-march=native" not in cpp_build.find_compiler()[2]:
         pytest.skip("the compiler does not take -march=native: only the scalar path exists")
-    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_rnd_bf16", "t_exp", "t_exp_d", "t_isa"), flags)
+    return cpp_build.load_library(HARNESS, ("t_ld", "t_st", "t_rnd", "t_rnd_n", "t_rnd_bf16", "t_exp", "t_exp_d", "t_isa"), flags)
 
 
 def _ptr(t):
@@ -99,8 +103,9 @@ def _same(out, ref, what):
     nan = ref.isnan()
     assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
     o, r = out[~nan], ref[~nan]
-    bad = (o.view(torch.int16) if o.dtype == torch.float16 else o.view(torch.int32)) != \
-        (r.view(torch.int16) if r.dtype == torch.float16 else r.view(torch.int32))
+    half = (torch.float16, torch.bfloat16)
+    bad = (o.view(torch.int16) if o.dtype in half else o.view(torch.int32)) != \
+        (r.view(torch.int16) if r.dtype in half else r.view(torch.int32))
     if bad.any():
         i = bad.nonzero()[:5, 0]
         pytest.fail(f"{what}: {int(bad.sum())} differ, e.g. out {o[i].tolist()} eager {r[i].tolist()}")
@@ -124,6 +129,9 @@ def test_block_conversions_match_eager(isa):
     r = torch.empty_like(x)
     _call(lib.t_rnd, x, r, x.numel())
     _same(r, x.to(torch.float16).float(), f"{isa} rnd_f16")
+    r = torch.empty_like(x)
+    _call(lib.t_rnd_n, x, r, x.numel())
+    _same(r, x.to(torch.float16).float(), f"{isa} pi_rnd_f16_n")
 
 
 def test_rnd_bf16_and_exp_special_values():
@@ -317,3 +325,33 @@ def test_dynamic_sizes_and_two_threads(sources):
             _check(CASES[case], _h(64, 1024), _h(1024), _h(1024))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cols", [1, 15, 17, 1027, 2 * emit_rows.STAGE + 33])
+def test_split_roundings_match_unsplit(cols, dtype, monkeypatch, sources):
+    """A staged fp16 loop with a math call computes each rounded intermediate in a loop of
+    its own, rounded in place by pi_rnd_f16_n (emit_rows.SPLIT_ROUNDINGS): the same bits
+    as rounding inline, and eager's values. silu(x * w + b) (each block rewritten in place
+    by the next loop, the first in x's staged block), and a chain whose first intermediate
+    the last loop reads again (a block kept while another is written), with special values
+    in the rows. bf16 (not staged) gets the same blocks, rounded by rnd_bf16 in the loop."""
+    def chain(x, w, b):
+        t = x * w
+        return F.silu(t + b) * t, torch.sigmoid(x + b)
+    x, w, b = (torch.randn(4, cols) * 4).to(dtype), _h(cols).to(dtype), _h(cols).to(dtype)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 6e-8, 65504.0,
+                             300.0, -300.0, 2.0 ** -24, 1e-4])
+    x[1, :min(cols, len(specials))] = specials[:cols].to(dtype)
+    for fn in (CASES["mul_add_silu"], chain):
+        split, _ = _check(fn, x, w, b, sources=sources, staged=dtype == torch.float16)
+        mark = "pi_rnd_f16_n(s" if dtype == torch.float16 else "sh0[c - cs] = rnd_bf16("
+        assert any(mark in src for src in sources)  # a staged or own block
+        monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", False)
+        torch._dynamo.reset()
+        inline, _ = _check(fn, x, w, b)
+        monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", True)
+        torch._dynamo.reset()
+        for a, b_ in zip(split if isinstance(split, tuple) else (split,),
+                         inline if isinstance(inline, tuple) else (inline,)):
+            _same(a, b_, "split vs inline")

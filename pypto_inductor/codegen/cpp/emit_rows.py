@@ -27,10 +27,14 @@ REDUCTION_LANES = 4  # independent accumulators per sum over a row (RowEmitter.i
 # chain of scalar adds over the vector's lanes, which costs more than the split saves on a
 # short row (add + LayerNorm, 512 rows of 64: 71 -> 46 us a call; of 768: 221 -> 211 us)
 LANES_MIN_COLUMNS = 1024
-# Their float sums instead add VECTOR_LANES columns at a time into an array of partial sums
-# combined as a tree (RowEmitter.vector_lanes): log2(VECTOR_LANES) vector adds in place of
-# the `omp simd` epilogue's scalar chain
+# Float sums of cheap values add VECTOR_LANES columns at a time into as many named partial
+# sums, which GCC's SLP vectoriser keeps in vector registers, then combine them as a tree of
+# vector adds (RowEmitter.vector_lanes). GCC 12 ends an `omp simd reduction` with a scalar
+# add per vector lane (16 dependent vaddss per accumulator, per SUM_BLOCK): on a 1024-column
+# row from L1 a pass took 122 ns that way and 36 ns with 64 named lanes (docs/benchmarks.md).
+# Rows of fewer than LANES_MIN_COLUMNS static columns take 16 lanes, longer ones 64.
 VECTOR_LANES = 16
+LONG_VECTOR_LANES = 64
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double, a two-level cascade like eager's: the vectorised fast path's accumulators
 # (REDUCTION_LANES x the vector's lanes) each take a few dozen terms, so the error stays
@@ -55,6 +59,13 @@ STAGE_HALF = True  # switch (the benchmark's "before")
 # fp16 row input once per row into a float row on the stack that every pass reads
 # (LayerNorm: once, not three times).
 ROW_STAGE = 8192
+# In a staged fp16 loop that calls a prelude math function (silu's exp), each rounded fp16
+# intermediate is computed in a loop of its own into a float block and rounded there by
+# pi_rnd_f16_n (vcvtps2ph + vcvtph2ps); the last loop reads the blocks. Inline, rnd_f16's
+# 9-op chain made the x * w + b -> silu fp16 kernel twice as slow as without the roundings
+# (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
+# RMSNorm output loop was slower split: docs/benchmarks.md).
+SPLIT_ROUNDINGS = True
 
 class RowEmitter:
     def __init__(self, p):
@@ -96,6 +107,7 @@ class RowEmitter:
                            and all(s.dtype == x.dtype for y, s in p.outputs if y is x)}
         self.staged: dict[int, str] = {}  # access -> its float block in the loop being written
         self.row_staged: set[int] = set()  # accesses converted once per row (stage_rows)
+        self.blocked: dict[int, str] = {}  # fp16 value -> its rounded float block
 
     def w(self, line: str) -> None:
         self.lines.append(line)
@@ -249,7 +261,9 @@ class RowEmitter:
                 self.define(x, "    ", col=False)
 
     def define(self, x, ind: str, col: bool, path: str = "fast") -> None:
-        if x.kind == "load":
+        if col and path == "fast" and x.id in self.blocked:
+            rhs = f"{self.blocked[x.id]}[c - cs]"
+        elif x.kind == "load":
             spec = self.p.input_specs[self.p.accesses[x.attrs["access"]].input]
             k = x.attrs["access"]
             idx = f"b{k} + {self.col_offset(k, path)}" if col else f"b{k}"
@@ -316,7 +330,7 @@ class RowEmitter:
             x = stack.pop()
             if x.level == "col" and x.id not in seen:
                 seen.add(x.id)
-                if x.id in self.stored:  # read back from the row scratch, not recomputed
+                if x.id in self.stored or x.id in self.blocked:  # read back, not recomputed
                     continue
                 args = x.args
                 if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
@@ -393,9 +407,10 @@ class RowEmitter:
         short = cols.is_Integer and int(cols) < LANES_MIN_COLUMNS
         cheap = not any(self.calls_math(x) for x in self.col_deps(
             [a for x in reductions for a in x.args]))
-        vec = short and segs == 1 and cheap and bool(reductions) and all(
+        vec = segs == 1 and cheap and bool(reductions) and all(
             x.attrs["red"] == "sum" and ctype(x.dtype) == "float" for x in reductions)
-        lanes = REDUCTION_LANES if segs == 1 and not short and any(
+        nvec = VECTOR_LANES if short else LONG_VECTOR_LANES
+        lanes = REDUCTION_LANES if segs == 1 and not short and not vec and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
         ) and not self.streams(reductions) else 1
@@ -412,7 +427,10 @@ class RowEmitter:
                 lo = c0 if s == 0 else f"std::max<int64_t>({c0}, CB{s})"
                 hi = c1 if s == segs - 1 else f"std::min<int64_t>({c1}, CB{s + 1})"
                 ins, souts = self.staging(deps, outs) if path == "fast" else ([], [])
-                if ins or souts:  # blocks of STAGE columns through float buffers
+                # bf16 loops are not staged; a split of their roundings needs the blocks too
+                blocks = bool(ins or souts) or (path == "fast" and bool(
+                    self.rounding_points(deps, reductions, segs, torch.bfloat16)))
+                if blocks:  # blocks of STAGE columns through float buffers
                     self.w(f"      for (int64_t cs = {lo}; cs < {hi}; cs += {STAGE}) {{")
                     self.w(f"      const int64_t ce = std::min<int64_t>(cs + {STAGE}, {hi});")
                     for k in ins:
@@ -424,13 +442,16 @@ class RowEmitter:
                     for k, _, _ in souts:
                         self.w(f"      alignas(64) float so{k}[{STAGE}];")
                     lo, hi = "cs", "ce"
+                    if self.split_roundings(deps, reductions, segs, targets):
+                        deps = self.col_deps([a for x in reductions for a in x.args] + [
+                            x for x in targets if x.kind != "reduce"])
                 staged_outs = {k for k, _, _ in souts}
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
                 if path == "fast" and vec:
-                    self.vector_lanes(reductions, deps, tail, lo, hi)
-                    lo = f"{lo} + {VECTOR_LANES} * cv"  # the remaining columns, in order
+                    self.vector_lanes(reductions, deps, tail, lo, hi, nvec)
+                    lo = f"{lo} + {nvec} * cv"  # the remaining columns, in order
                 else:
                     self.w(self.pragma(reductions))
                 self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
@@ -448,13 +469,81 @@ class RowEmitter:
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
-                if ins or souts:
+                if blocks:
                     for k in sorted(staged_outs):
                         self.w(f"      pi_st_f16_n(so{k}, out{k} + r * C + cs, ce - cs);")
                     self.w("      }")
                     self.staged = {}
+                    self.blocked = {}
             self.seg = 0
             self.w("    }")
+
+    def split_roundings(self, deps, reductions, segs, targets) -> bool:
+        """In a staged block [cs, ce) of a loop without reductions that calls a math
+        function, compute each rounded fp16 intermediate among ``deps`` in a loop of its own
+        into a float block, rounded by pi_rnd_f16_n (SPLIT_ROUNDINGS); later loops read it.
+        A block (a staged input's or an earlier intermediate's) the loop being written
+        reads for the last time takes that loop's result in place: fewer blocks stay in L1
+        (the silu kernel with a second block 4027 us, in place 3103 us; gelu(x + y) with a
+        block of its own 3209 us, in x's 2587 us, rnd_f16 inline 2773 us)."""
+        points = self.rounding_points(deps, reductions, segs, torch.float16) + \
+            self.rounding_points(deps, reductions, segs, torch.bfloat16)
+        points = [x for x in deps if x in points]  # in order
+        if not points:
+            return False
+
+        def reads(nodes, before) -> set:  # the blocks a loop computing `nodes` reads
+            self.blocked = {y.id: "" for y in before}
+            deps = self.col_deps(nodes)
+            got = {("sh", y.id) for y in deps if y.id in self.blocked}
+            got |= {("sa", y.attrs["access"]) for y in deps if y.kind == "load"
+                    and y.attrs["access"] in self.staged and y.id not in self.blocked}
+            self.blocked = {}
+            return got
+        loops = [reads([a for a in x.args if hasattr(a, "id")], points[:k])
+                 for k, x in enumerate(points)]
+        loops.append(reads(targets, points))
+        last = {key: k for k, r in enumerate(loops) for key in r}  # the last loop reading it
+        names = {("sa", a): name for a, name in self.staged.items()}
+        free: list[str] = []
+        for k, x in enumerate(points):
+            # a block (a staged input's or an earlier point's) this loop reads last
+            dying = [names[key] for key in sorted(loops[k], key=str) if last[key] == k]
+            if dying:  # in place: each column reads its value before writing the new one
+                name = dying[0]
+                free += dying[1:]
+            elif free:
+                name = free.pop()
+            else:
+                name = f"sh{k}"
+                self.w(f"      alignas(64) float {name}[{STAGE}];")
+            self.w("      #pragma omp simd")
+            self.w("      for (int64_t c = cs; c < ce; ++c) {")
+            for y in self.col_deps([a for a in x.args if hasattr(a, "id")]):
+                self.define(y, "        ", col=True)
+            if x.dtype == torch.float16:  # rounded by the block conversion after the loop
+                self.w(f"        {name}[c - cs] = {expression(x, self.var, rounded=False)};")
+                self.w("      }")
+                self.w(f"      pi_rnd_f16_n({name}, ce - cs);")
+            else:  # bf16: rnd_bf16 in the loop, which GCC vectorises as integer ops
+                self.w(f"        {name}[c - cs] = {expression(x, self.var)};")
+                self.w("      }")
+            names[("sh", x.id)] = name
+            self.blocked[x.id] = name
+        return True
+
+    def rounding_points(self, deps, reductions, segs, dtype) -> list:
+        """The rounded ``dtype`` intermediates among ``deps`` split_roundings computes in
+        loops of their own (none unless the loop has no reductions and calls a math
+        function)."""
+        if not SPLIT_ROUNDINGS or reductions or segs != 1 or (self.cached - self.stored) \
+                or not any(self.calls_math(x) for x in deps):
+            return []
+        fn = "rnd_f16(" if dtype == torch.float16 else "rnd_bf16("
+        return [x for x in deps if x.level == "col" and x.kind in ("op", "expr")
+                and x.dtype == dtype and x.attrs.get("op") != "cat"
+                and x.id not in self.store_only and x.id not in self.stored
+                and expression(x, self.var).startswith(fn)]
 
     def streams(self, reductions) -> bool:
         """Whether the pass computing ``reductions`` is the row's first (stage 1) and reads a
@@ -462,7 +551,8 @@ class RowEmitter:
         accumulator: the REDUCTION_LANES parts read the row as four streams a quarter row
         apart, which the prefetcher follows badly: a 4096x1024 bf16 row sum from memory
         took 2x as long in four parts as in one (docs/benchmarks.md, half-type section).
-        Later passes read the row from L1, where the parts hide the adds' latency."""
+        Later passes read the row from L1, where the parts hide the adds' latency. (Passes
+        of float sums of cheap values take vector_lanes instead, one stream.)"""
         if not reductions or any(self.stage[x.id] != 1 for x in reductions):
             return False
         return any(x.kind in ("load", "gather") and x.attrs["access"] not in self.row_staged
@@ -499,24 +589,27 @@ class RowEmitter:
             self.w("       }")
         self.w("      }")
 
-    def vector_lanes(self, reductions, deps, tail, lo, hi) -> None:
-        """Columns [lo, lo + VECTOR_LANES * cv) of a short row's float sums: lane l of
-        ``acc<id>_v`` sums the columns l mod VECTOR_LANES, the lanes then add as a tree
-        into acc<id>."""
-        n = VECTOR_LANES
+    def vector_lanes(self, reductions, deps, tail, lo, hi, n) -> None:
+        """Columns [lo, lo + n * cv) of a row's float sums: partial sum acc<id>_s<l> adds
+        the columns l mod n (one named variable per lane, each block of n columns written
+        out, so GCC's SLP vectoriser holds them in n / 16 vector registers without
+        reassociating any of them), then the lanes add as a tree of vector adds into
+        acc<id>."""
         self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
         for x in reductions:
-            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = {{}};")
+            self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
-        self.w("       #pragma omp simd")
-        self.w(f"       for (int64_t l = 0; l < {n}; ++l) {{")
-        self.w(f"        const int64_t c = {lo} + q * {n} + l;")
-        for x in deps:
-            self.define(x, "        ", col=True)
-        for line in tail("fast", "_v[l]"):
-            self.w("        " + line)
-        self.w("       }")
+        for l in range(n):
+            self.w(f"       {{ const int64_t c = {lo} + q * {n} + {l};")
+            for x in deps:
+                self.define(x, "        ", col=True)
+            for line in tail("fast", f"_s{l}"):
+                self.w("        " + line)
+            self.w("       }")
         self.w("      }")
+        for x in reductions:
+            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = "
+                   f"{{{', '.join(f'acc{x.id}_s{l}' for l in range(n))}}};")
         width = n // 2
         while width:
             for x in reductions:

@@ -135,6 +135,23 @@ PI_INLINE void pi_st_f16_n(const float* __restrict__ s, uint16_t* __restrict__ d
   for (; i < n; ++i) d[i] = st_f16(s[i]);
 }
 
+// n floats rounded to the nearest half in place, as rnd_f16 (NaN stays NaN): one vcvtps2ph
+// and one vcvtph2ps per 16 lanes where rnd_f16 is a 9-op dependency chain (a fp16 loop that
+// rounds intermediates before a math call: emit_rows.RowEmitter.split_roundings)
+PI_INLINE void pi_rnd_f16_n(float* __restrict__ p, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(p + i, _mm512_cvtph_ps(_mm512_cvtps_ph(
+        _mm512_loadu_ps(p + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#elif defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(p + i, _mm256_cvtph_ps(_mm256_cvtps_ph(
+        _mm256_loadu_ps(p + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#endif
+  for (; i < n; ++i) p[i] = rnd_f16(p[i]);
+}
+
 // math
 // exp as 2^n * P(r), 2^n applied as two factors so n reaches the denormals: x below
 // ln(FLT_MIN) (-87.34) gives a denormal as eager does (only those lanes pay for denormal
