@@ -229,7 +229,8 @@ FLOAT_ONLY = float_only(OPS)
 EXTRA_PRELUDE = r"""
 PI_INLINE float pi_nan_neg(float r) { return r != r ? -NAN : r; }
 PI_INLINE float pi_nan_pos(float r) { return r != r ? NAN : r; }
-template <typename T> PI_INLINE T pi_nan_neg_if(T x, T r) { return x != x ? (T)-NAN : r; }
+// r of a NaN x, when NaN (pow(NaN, 0) is 1), made the negative NaN
+template <typename T> PI_INLINE T pi_nan_neg_if(T x, T r) { return (x != x && r != r) ? (T)-NAN : r; }
 template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return (x < (T)b || (T)b != (T)b) ? (T)b : x; }
 template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return (x > (T)b || (T)b != (T)b) ? (T)b : x; }
 """
