@@ -504,3 +504,17 @@ def test_gelu_of_a_transposed_input_at_inf(target, dynamic, dtype):
         assert_close(compiled(x), F.gelu(x), equal_nan=True)
         y = x.contiguous()
         assert_close(_compile(F.gelu, target, dynamic)(y), F.gelu(y), equal_nan=True)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_copysign_by_sigmoid_of_nan(dynamic):
+    """Seed 40165: copysign(sigmoid(x).unsqueeze(-3), sigmoid(x)) with NaN inputs took the
+    opposite sign: eager's sigmoid of a NaN is the NaN of the other sign, ours kept it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 6, 6, generator=g)
+    x[torch.rand(x.shape, generator=g) < 0.2] = float("nan")
+    x[torch.rand(x.shape, generator=g) < 0.1] = -float("nan")
+    fn = lambda x: torch.copysign(torch.sigmoid(x).unsqueeze(-3), torch.sigmoid(x))  # noqa: E731
+    got, want = _compile(fn, "cpu", dynamic)(x), fn(x)
+    assert torch.equal(got.signbit(), want.signbit())
+    assert_close(got, want, equal_nan=True)  # sigmoid itself may be an ulp apart

@@ -127,7 +127,9 @@ def _pow(a, n):
     if n.dtype in half or n.attrs["common"] in half:  # eager's NaN is negative there too
         return f"std::pow({x}, {y})"
     ct = ctype(n.attrs["common"])
-    return f"pi_pow(({ct})({x}), ({ct})({y}))"
+    # a NaN base: eager's vectorized pow (Sleef) gives the negative NaN (its scalar tail
+    # keeps the sign; a fused kernel follows the vector body)
+    return f"pi_nan_neg_if({x}, pi_pow(({ct})({x}), ({ct})({y})))"
 
 
 def _add(a, n, sign):
@@ -225,6 +227,10 @@ FLOAT_ONLY = float_only(OPS)
 # clamp's scalar bounds: a NaN in x or in the bound gives NaN, as eager's clamp (the bound
 # is a literal, so its NaN test folds away)
 EXTRA_PRELUDE = r"""
+PI_INLINE float pi_nan_neg(float r) { return r != r ? -NAN : r; }
+PI_INLINE float pi_nan_pos(float r) { return r != r ? NAN : r; }
+// r of a NaN x, when NaN (pow(NaN, 0) is 1), made the negative NaN
+template <typename T> PI_INLINE T pi_nan_neg_if(T x, T r) { return (x != x && r != r) ? (T)-NAN : r; }
 template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return (x < (T)b || (T)b != (T)b) ? (T)b : x; }
 template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return (x > (T)b || (T)b != (T)b) ? (T)b : x; }
 """
@@ -274,7 +280,32 @@ def expression(n, var, rounded: bool = True) -> str:
         e = conv(var(a), a.dtype, n.dtype)
         # conv rounded to the dtype already (or the value has it): round once
         return e if e != var(a) or a.dtype == n.dtype else finalize(e, n.dtype)
-    return fin(OPS[n.attrs["op"]](args, n), n.dtype)
+    e = OPS[n.attrs["op"]](args, n)
+    fix = nan_sign(n)
+    return fin(f"{fix}({e})" if fix else e, n.dtype)
+
+
+# The sign of a NaN result where eager's kernel is consistent about it and the plain C++
+# is not (copysign and signbit read it; tests/test_special_values.py checks every op on
+# +NaN and -NaN inputs). x86 arithmetic passes a NaN operand on with its sign, and a NaN
+# made by an invalid operation is negative; eager's float16 tanh/sin/cos/tan (Sleef on
+# floats) give the negative NaN for any NaN input, its float16 erfc the positive one, and
+# its vectorized pow the negative one (the scalar tail keeps the input's sign: a fused
+# kernel follows the vector body). sigmoid flips the sign (pi_sigmoid), float32/float16
+# alike. bfloat16 is not matched: eager's vector body stores every NaN as 0xffff, its
+# scalar tails as 0x7fc0 (docs/fuzz.md).
+NAN_SIGN = {("tanh", torch.float16): "pi_nan_neg", ("sin", torch.float16): "pi_nan_neg",
+            ("cos", torch.float16): "pi_nan_neg", ("tan", torch.float16): "pi_nan_neg",
+            ("erfc", torch.float16): "pi_nan_pos", ("pow", torch.float16): "pi_nan_neg"}
+
+
+def nan_sign(n) -> str | None:
+    """The prelude helper setting the sign of node n's NaN result as eager's, if any."""
+    dt = n.dtype if n.dtype in (torch.float16, torch.bfloat16) else n.attrs["common"]
+    fix = NAN_SIGN.get((n.attrs["op"], dt))
+    if n.attrs["op"] == "gelu" and n.attrs.get("approximate") == "tanh" and dt == torch.float16:
+        fix = "pi_nan_neg"  # its vector body (tanh's), as pow
+    return fix
 
 
 def identity(x) -> str:

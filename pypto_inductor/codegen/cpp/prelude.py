@@ -192,7 +192,13 @@ PI_INLINE float pi_tanh(float x) {
   const float q = 1.0f - 2.0f / (pi_exp(a + a) + 1.0f);
   return std::copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
 }
-PI_INLINE float pi_sigmoid(float x) { return 1.0f / (1.0f + pi_exp_d(-x)); }
+// sigmoid of a NaN is the NaN of the other sign, as eager's 1 / (1 + exp(-x)) gives on x86
+// (the NaN operand propagates with its sign through each op); GCC folds our -x into the
+// exponent's constants, so the sign is set explicitly (copysign and signbit read it)
+PI_INLINE float pi_sigmoid(float x) {
+  const float r = 1.0f / (1.0f + pi_exp_d(-x));
+  return x != x ? -x : r;
+}
 // erf as x * P(x^2) / Q(x^2) on [-4, 4], the rational minimax fit XLA and Eigen use: max
 // error 3.3e-7 against double erf, and twice as fast as Abramowitz-Stegun 7.1.26 (one exp
 // and one division, error 5.2e-7). Beyond |x| = 3.92 erf rounds to +-1 in float, and eager

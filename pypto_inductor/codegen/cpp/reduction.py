@@ -153,10 +153,18 @@ class ReductionAnalysis:
             shifted = self.expr("col", "({0} - {1})", x, mx)
             e = self.expr("col", "pi_exp({0})", shifted)
             s = self.reduce("sum", e)
+            # NaN signs of eager's last-dim kernels (a row reduction here; seed 22137, measured
+            # in docs/fuzz.md): softmax's NaN is negative (in ~97% of such rows), log_softmax's
+            # is the input's where the input is NaN, negative elsewhere
+            last = self.perm is None
             if name == "softmax":
-                return self.round(self.expr("col", "({0} / {1})", e, s), out, op)
+                q = self.expr("col", "({0} / {1})", e, s)
+                return self.round(self.expr("col", "pi_nan_neg({0})", q) if last else q, out, op)
             logs = self.expr("row", "std::log({0})", s)
-            return self.round(self.expr("col", "({0} - {1})", shifted, logs), out, op)
+            r = self.expr("col", "({0} - {1})", shifted, logs)
+            if last:
+                r = self.expr("col", "({0} != {0} ? ({1} != {1} ? {1} : -NAN) : {0})", r, x)
+            return self.round(r, out, op)
         raise NotNative(f"reduction {name} is not native yet")
 
     def variance(self, x: Node, corr: float, std: bool) -> Node:
