@@ -24,7 +24,7 @@ import torch
 
 from .codegen.cpp import alloc
 from .ir import ValueRef
-from .sizes import is_symbolic, resolve_static, size_source
+from .sizes import is_symbolic, resolve_static, same_shape, size_source
 
 # view tile ops written inline as tensor methods: op -> (method, attribute order)
 _INLINE_VIEWS = {
@@ -160,20 +160,19 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     if "threads" not in code.bound:
                         code.bound["threads"] = torch.get_num_threads
                         out.insert(first_step, "    nthreads = threads()")
+                    reuse = _take_dead(outs, static, dead, reused)
                     out += launch.source(k, [names[s] for s in ins], defs, code.size, empty,
-                                         lin)
+                                         lin, {launch.getters[j][1]: v
+                                               for j, v in reuse.items()})
+                    if reuse:
+                        out.append(f"    del {', '.join(reuse.values())}")
             elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
                 code.bound.setdefault("native_call", launch.call)
                 empty = ("pool_empty" if name in pool_empty
                          else code.bind("alloc", launch.empty))
-                reuse = {}
-                for j, s in enumerate(outs):
-                    if s in static and dead.get(static[s]):
-                        reuse[j] = dead[static[s]].pop()
-                        if reused is not None:
-                            reused[s] = int(reuse[j][3:])  # buf<slot>
+                reuse = _take_dead(outs, static, dead, reused)
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")
@@ -267,6 +266,18 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     params = "".join(f", {n}={n}" for n in code.bound)
     src = f"def call(args{params}):\n" + "\n".join(out) + "\n"
     return src, code.bound
+
+
+def _take_dead(outs, static, dead, reused) -> dict[int, str]:
+    """output index -> a dead buffer (its variable) of the output's shape and dtype that
+    the kernel writes into (static_reuse)."""
+    reuse = {}
+    for j, s in enumerate(outs):
+        if s in static and dead.get(static[s]):
+            reuse[j] = dead[static[s]].pop()
+            if reused is not None:
+                reused[s] = int(reuse[j][3:])  # buf<slot>
+    return reuse
 
 
 COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
@@ -371,23 +382,54 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     bad = set()
     for kind, name, fn, ins, outs, step in program:
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-        if getattr(launch, "gemm", False):  # a torch call: its buffers take the refcount check
-            launch = None
+        # readers that keep no reference to their inputs once they return: views, inline
+        # native kernels, the GEMM tiles' torch calls and extern ops whose schema says
+        # their results alias no input (fresh tensors; the compiled graph runs without
+        # autograd recording: AOTAutograd's forward runs under no_grad)
+        keeps = not (kind == "view" or launch is not None
+                     or (kind == "extern" and _fresh_results(step)))
         for s in ins:
             r = root.get(s, s)
-            if r in key and not (kind == "view" or launch is not None):
+            if r in key and keeps:
                 bad.add(r)
         if kind == "view" and ins and root.get(ins[0], ins[0]) in key:
             root[outs[0]] = root.get(ins[0], ins[0])
-        if launch is not None and name in pool_empty:
-            for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
-                if s is not None:
-                    key[s] = (tuple(sympy.sympify(d) for d in shape), dt)
+        if launch is None or name not in pool_empty:
+            continue
+        for s, (shape, dt) in zip(outs, _fresh_outputs(launch)):
+            if s is not None and shape is not None:
+                key[s] = (tuple(sympy.sympify(d) for d in shape), dt)
     slots = dict(graph_slots(graph, program))
     for o in graph.outputs:
         if isinstance(o, str) and o in slots:
             bad.add(root.get(slots[o], slots[o]))
     return {s: k for s, k in key.items() if s not in bad}
+
+
+def _fresh_outputs(launch) -> list[tuple]:
+    """Per tile output: (shape, dtype) of the fresh contiguous buffer the generated code
+    allocates for it, or (None, None): a GEMM's product (torch allocates it) or an
+    epilogue output reshaped to the tile's shape."""
+    native = getattr(launch, "native", None)
+    if not getattr(launch, "gemm", False):
+        return list(zip(launch.shapes, launch.dtypes))
+    if native is None:
+        return [(None, None)] * len(launch.shapes)
+    out = []
+    for kind, idx, dims in launch.getters:
+        if kind == "epi" and (dims is None or same_shape(dims, launch.T)):
+            out.append((native.shapes[idx], native.dtypes[idx]))
+        else:
+            out.append((None, None))
+    return out
+
+
+def _fresh_results(step) -> bool:
+    """Whether an extern op's results are fresh tensors and it writes none of its
+    arguments (an ATen overload whose schema has no alias annotation)."""
+    schema = getattr(step.fn, "_schema", None)
+    return schema is not None and not any(
+        a.alias_info is not None for a in (*schema.arguments, *schema.returns))
 
 
 def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:

@@ -453,10 +453,11 @@ class EpilogueCall:
     gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
 
     def source(self, k: str, ins: list[str], outs: list[str], size, empty: str,
-               linear: bool = False) -> list[str]:
+               linear: bool = False, reuse: dict[int, str] | None = None) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
         allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
-        ``linear`` as in :meth:`GemmCall.source`."""
+        ``linear`` as in :meth:`GemmCall.source`; ``reuse``: epilogue output index -> a
+        dead buffer to write it into (wrapper.static_reuse)."""
         def shape(dims):
             return f"({''.join(size(d) + ', ' for d in dims)})"
 
@@ -472,7 +473,7 @@ class EpilogueCall:
             feeds.append(f"{k}_f{j}")
             temps.append(f"{k}_f{j}")
         results = [f"{k}_e{j}" for j in range(len(self.native.dtypes))]
-        lines += self.native.source(f"{k}e", feeds, results, empty)
+        lines += self.native.source(f"{k}e", feeds, results, empty, reuse)
         temps += results
         for o, (kind, idx, dims) in zip(outs, self.getters):
             if o == "_":
