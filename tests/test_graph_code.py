@@ -2,6 +2,8 @@
 torch call itself. Every case is checked against eager on fresh inputs."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -162,3 +164,27 @@ def test_small_outputs_with_dynamic_sizes_take_the_pool():
     for n in (3, 5, 3, 8):
         x = torch.randn(n, 16)
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4)
+
+
+def gemm_and_sdpa_readers(x, w1, w2):
+    # each pooled kernel output dies in a GEMM or SDPA (fresh results, no reference kept):
+    # a later kernel writes into it, decided at compile time (wrapper.static_reuse)
+    a = torch.exp(x) * 2
+    b = torch.tanh(a @ w1) + a
+    c = torch.sin(b @ w2) * b
+    q = torch.cos(c).reshape(4, 128, 2, 32).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, torch.sigmoid(q), q * 3)
+    return torch.exp(o.transpose(1, 2).reshape(4, 128, 64) @ w1) * 2 + 1
+
+
+def test_buffers_read_by_gemms_and_sdpa_are_reused_at_compile_time():
+    x, w1, w2 = torch.randn(4, 128, 64), torch.randn(64, 64) / 8, torch.randn(64, 64) / 8
+    out, source = _compiled(gemm_and_sdpa_readers, x, w1, w2)
+    torch.testing.assert_close(out, gemm_and_sdpa_readers(x, w1, w2), rtol=1e-4, atol=1e-4)
+    assert "getrefcount(" not in source, source
+    assert re.search(r"^    \w+ = buf\d+$", source, re.M), source
+    compiled = torch.compile(gemm_and_sdpa_readers, backend="pypto")
+    for _ in range(3):  # the reused buffers hold the last call's values: fresh inputs
+        x = torch.randn(4, 128, 64)
+        torch.testing.assert_close(compiled(x, w1, w2), gemm_and_sdpa_readers(x, w1, w2),
+                                   rtol=1e-4, atol=1e-4)
