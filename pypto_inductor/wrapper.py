@@ -147,7 +147,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
-                lin = bool(ins) and ins[-1] in linear  # F.linear on the weight itself
+                lin = any(s in linear for s in ins)  # F.linear on the weight itself
                 if lin:
                     code.bound.setdefault("linear", torch.nn.functional.linear)
                 native = getattr(launch, "native", None)  # and its epilogue (EpilogueCall)
@@ -456,13 +456,12 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
             continue
         ukind, uname, _, uins, _, ustep = program[users[0]]
         launch = getattr(kernels.get(uname), "launch", None) if ukind == "kernel" else None
-        if not getattr(launch, "gemm", False) or not uins or uins[-1] != outs[0] \
-                or uins.count(outs[0]) != 1:
+        if not getattr(launch, "gemm", False) or not uins or uins.count(outs[0]) != 1:
             continue
         ops = launch.operands
         specs = [_spec_of(graph, program, s) for s in uins]
         if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs) \
-                or ops[-1][1] != len(uins) - 1:  # the transpose is the GEMM's right operand
+                or uins[ops[-1][1]] != outs[0]:  # the transpose is the GEMM's right operand
             continue
         x = specs[ops[-2][1]]
         if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:

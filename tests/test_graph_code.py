@@ -128,6 +128,7 @@ def test_linear_weights_are_read_untransposed():
     out, source = _compiled(linears_2d, x, w1, b1, w2, w3)
     torch.testing.assert_close(out, linears_2d(x, w1, b1, w2, w3), rtol=1e-4, atol=1e-4)
     assert "linear(" in source, source
+    assert re.search(r"linear\(\w+, \w+, \w+\)", source), source  # the biased addmm too
     fn = torch.compile(linears_2d, backend="pypto", dynamic=True)
     for rows in (3, 9):
         args = (torch.randn(rows, 16), w1, b1, w2, w3)
