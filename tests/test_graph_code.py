@@ -31,7 +31,8 @@ def test_view_chains_are_one_as_strided():
     x, w = torch.randn(2, 5, 6), torch.randn(6, 24)
     out, source = _compiled(heads, x, w)
     torch.testing.assert_close(out, heads(x, w))
-    assert ".as_strided(" in source, source
+    assert ".layouts.get(key)" in source and ("reinterpret(" in source or ".as_strided("
+                                              in source), source
     # called again: the chain's layout is taken from its cache, the same result
     x2 = torch.randn(2, 5, 6)
     torch.testing.assert_close(torch.compile(heads, backend="pypto")(x2, w), heads(x2, w))
@@ -189,3 +190,30 @@ def test_buffers_read_by_gemms_and_sdpa_are_reused_at_compile_time():
         x = torch.randn(4, 128, 64)
         torch.testing.assert_close(compiled(x, w1, w2), gemm_and_sdpa_readers(x, w1, w2),
                                    rtol=1e-4, atol=1e-4)
+
+
+def views_of_kernel_outputs(x, w):
+    a = torch.exp(x) * 2  # a fresh contiguous kernel output: its views' layouts are known
+    b = a.reshape(-1, 32, 16).transpose(1, 2)
+    c = torch.sin(b) + 1
+    return c @ w, a.narrow(0, 1, 2).t()  # a returned view keeps its view calls
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_views_of_kernel_outputs_are_reinterpreted(dynamic):
+    # wrapper.REINTERPRET_VIEWS: a view of a static kernel output is Inductor's
+    # reinterpret_tensor with the sizes, strides and offset written out
+    x, w = torch.randn(128, 16), torch.randn(32, 8)
+    out, source = _compiled(views_of_kernel_outputs, x, w, dynamic=dynamic)
+    for got, want in zip(out, views_of_kernel_outputs(x, w)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if not dynamic:
+        assert re.search(r"reinterpret\(buf\d+, \(4, 32, 16\), \(512, 16, 1\), 0\)", source), source
+        assert ".narrow(" in source or ".as_strided(" in source, source
+    compiled = torch.compile(views_of_kernel_outputs, backend="pypto", dynamic=dynamic)
+    for n in (128, 64, 128):
+        x = torch.randn(n, 16) if dynamic else torch.randn(128, 16)
+        got, want = compiled(x, w), views_of_kernel_outputs(x, w)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+        assert got[1]._base is not None  # still a view of the compiled graph's output
