@@ -354,6 +354,8 @@ def _take_dead(outs, static, dead, reused) -> dict[int, str]:
 
 COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
 LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weights)
+LINEAR_ANY_POSITION = True  # likewise: ... wherever the tile's inputs list the transpose
+REUSE_AFTER_TORCH_CALLS = True  # likewise: static_reuse through GEMM / extern readers
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
@@ -458,15 +460,17 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
         # native kernels, the GEMM tiles' torch calls and extern ops whose schema says
         # their results alias no input (fresh tensors; the compiled graph runs without
         # autograd recording: AOTAutograd's forward runs under no_grad)
-        keeps = not (kind == "view" or launch is not None
-                     or (kind == "extern" and _fresh_results(step)))
+        keeps = not (kind == "view" or (launch is not None and (
+            REUSE_AFTER_TORCH_CALLS or not getattr(launch, "gemm", False)))
+            or (kind == "extern" and REUSE_AFTER_TORCH_CALLS and _fresh_results(step)))
         for s in ins:
             r = root.get(s, s)
             if r in key and keeps:
                 bad.add(r)
         if kind == "view" and ins and root.get(ins[0], ins[0]) in key:
             root[outs[0]] = root.get(ins[0], ins[0])
-        if launch is None or name not in pool_empty:
+        if launch is None or name not in pool_empty or (
+                getattr(launch, "gemm", False) and not REUSE_AFTER_TORCH_CALLS):
             continue
         for s, (shape, dt) in zip(outs, _fresh_outputs(launch)):
             if s is not None and shape is not None:
@@ -534,6 +538,8 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
         specs = [_spec_of(graph, program, s) for s in uins]
         if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs) \
                 or uins[ops[-1][1]] != outs[0]:  # the transpose is the GEMM's right operand
+            continue
+        if not LINEAR_ANY_POSITION and uins[-1] != outs[0]:  # the benchmark's "before"
             continue
         x = specs[ops[-2][1]]
         if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:
