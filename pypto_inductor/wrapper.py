@@ -157,8 +157,12 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 if lin:
                     code.bound.setdefault("linear", torch.nn.functional.linear)
                 native = getattr(launch, "native", None)  # and its epilogue (EpilogueCall)
+                fresh = aliased is not None and launch.fresh(lin)
+                if fresh:  # the product's layout is known: so are the outputs'
+                    _fix_products(fixed, outs, step, graph, aliased, launch)
                 if native is None:
-                    out += launch.source(k, [names[s] for s in ins], defs, code.size, lin)
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size, lin,
+                                         {names[s] for s in outs if s in fixed})
                 else:
                     code.bound.setdefault("native_call", native.call)
                     empty = ("pool_empty" if name in pool_empty
@@ -169,7 +173,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     reuse = _take_dead(outs, static, dead, reused)
                     out += launch.source(k, [names[s] for s in ins], defs, code.size, empty,
                                          lin, {launch.getters[j][1]: v
-                                               for j, v in reuse.items()})
+                                               for j, v in reuse.items()}, fresh)
                     _fix_outputs(fixed, outs, launch)
                     if reuse:
                         out.append(f"    del {', '.join(reuse.values())}")
@@ -209,19 +213,26 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             free, recycle = [], []
         elif kind == "view" and outs[0] in chains:
             base, _, fns, sized = chains[outs[0]]
-            c = code.bind("chain", _ViewChain(fns))
             b = names[base]
-            # views of static attributes depend on the base's layout alone: a decode step's
-            # growing cache length (a size symbol) does not miss the cache
-            fast = (f"reinterpret({b}, view[0], view[1], view[2])"
-                    if aliased is not None and outs[0] not in aliased else
-                    f"{b}.as_strided(view[0], view[1], {b}.storage_offset() + view[2])")
-            out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
-                    f"    view = {c}.layouts.get(key)",
-                    "    if view:",
-                    f"        {defs[0]} = {fast}",
-                    "    else:",
-                    f"        {defs[0]} = {c}.run({b}, syms, key)"]
+            lay = (_fixed_view(fixed[base], fns) if aliased is not None and base in fixed
+                   and outs[0] not in aliased and not sized else None)
+            if lay is not None:  # the chain's layout, known now
+                fixed[outs[0]] = lay
+                out.append(f"    {defs[0]} = reinterpret({b}, {lay[0]}, {lay[1]}, "
+                           f"{lay[2] - fixed[base][2]})")
+            else:
+                c = code.bind("chain", _ViewChain(fns))
+                fast = (f"reinterpret({b}, view[0], view[1], view[2])"
+                        if aliased is not None and outs[0] not in aliased else
+                        f"{b}.as_strided(view[0], view[1], {b}.storage_offset() + view[2])")
+                # views of static attributes depend on the base's layout alone: a decode
+                # step's growing cache length (a size symbol) does not miss the cache
+                out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
+                        f"    view = {c}.layouts.get(key)",
+                        "    if view:",
+                        f"        {defs[0]} = {fast}",
+                        "    else:",
+                        f"        {defs[0]} = {c}.run({b}, syms, key)"]
             if base in known:
                 known.add(outs[0])
             made.add(outs[0])
@@ -230,7 +241,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         elif kind == "view" and outs[0] in linear:  # the weight itself: see _linear_weights
             out.append(f"    {defs[0]} = {args}")
         elif kind == "view":
-            lay = (_fixed_view(fixed[ins[0]], step, fn) if aliased is not None
+            lay = (_fixed_view(fixed[ins[0]], [fn]) if aliased is not None
+                   and not _has_refs(step.attrs)
                    and len(ins) == 1 and ins[0] in fixed and outs[0] not in aliased else None)
             if lay is not None:  # the view's layout, known now: no view call per call
                 fixed[outs[0]] = lay
@@ -317,13 +329,31 @@ def _fix_outputs(fixed: dict, outs, launch) -> None:
         fixed[s] = (sizes, tuple(reversed(strides)), 0, dt)
 
 
-def _fixed_view(base: tuple, step, fn) -> tuple | None:
-    """(sizes, strides, offset, dtype) of a view of a base of the known layout ``base``,
-    found by running the view on a meta tensor of that layout; None where the view's
-    attributes are size expressions, it copies (a reshape of a non-viewable layout) or
-    changes the dtype."""
-    if _has_refs(step.attrs):
-        return None
+def _fix_products(fixed: dict, outs, step, graph, aliased, launch) -> None:
+    """Record the layouts of a GEMM tile's outputs that are its fresh contiguous product
+    (GemmCall.fresh), as is or reshaped, where static and not returned."""
+    getters = getattr(launch, "getters", None)
+    for j, (s, name) in enumerate(zip(outs, step.outputs)):
+        if s is None or s in aliased or (getters is not None and getters[j][0] != "mm"):
+            continue
+        spec = graph.specs.get(name)
+        if spec is None or getters is not None and getters[j][2] is not None:
+            continue  # an EpilogueCall's reshaped product: written as a reshape
+        if any(is_symbolic(sympy.sympify(d)) for d in spec.shape):
+            continue
+        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+        strides, n = [], 1
+        for d in reversed(sizes):
+            strides.append(n)
+            n *= max(d, 1)
+        fixed[s] = (sizes, tuple(reversed(strides)), 0, spec.dtype)
+
+
+def _fixed_view(base: tuple, fns) -> tuple | None:
+    """(sizes, strides, offset, dtype) of a view (a chain of views: ``fns``, runners of
+    static attributes) of a base of the known layout ``base``, found by running them on a
+    meta tensor of that layout; None where one copies (a reshape of a non-viewable
+    layout) or changes the dtype."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.utils._python_dispatch import _disable_current_modes
     sizes, strides, offset, dt = base
@@ -331,7 +361,9 @@ def _fixed_view(base: tuple, step, fn) -> tuple | None:
     try:
         with unset_fake_temporarily(), _disable_current_modes():
             t = torch.empty(extent, dtype=dt, device="meta").as_strided(sizes, strides, offset)
-            v = fn([t], ())
+            v = t
+            for fn in fns:
+                v = fn([v], ())
     except Exception:  # noqa: BLE001 - the view call stays
         return None
     if not isinstance(v, torch.Tensor) or v.dtype != dt or not v._is_view() \
