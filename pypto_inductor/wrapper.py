@@ -24,7 +24,7 @@ import torch
 
 from .codegen.cpp import alloc
 from .ir import ValueRef
-from .sizes import is_symbolic, resolve_static, size_source
+from .sizes import is_symbolic, resolve_static, same_shape, size_source
 
 # view tile ops written inline as tensor methods: op -> (method, attribute order)
 _INLINE_VIEWS = {
@@ -135,6 +135,12 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     linear = _linear_weights(graph, program, kernels, chains, interior) if LINEAR_WEIGHTS \
         else set()
     dead: dict[tuple, list[str]] = {}  # (shape, dtype) -> dead buffers to write into
+    # slot -> (sizes, strides, storage offset, dtype) known at compile time: static outputs
+    # of kernels the generated code allocates (fresh, contiguous) and views of them
+    fixed: dict[int, tuple] = {}
+    aliased = _returned_views(graph, program) if REINTERPRET_VIEWS else None
+    if aliased is not None:
+        code.bound["reinterpret"] = reinterpret_tensor
     first_step = len(out)
     for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
         args = ", ".join(names[s] for s in ins)
@@ -147,12 +153,16 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             if getattr(launch, "gemm", False):  # the GEMM's torch call (matmul.GemmCall)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
-                lin = bool(ins) and ins[-1] in linear  # F.linear on the weight itself
+                lin = any(s in linear for s in ins)  # F.linear on the weight itself
                 if lin:
                     code.bound.setdefault("linear", torch.nn.functional.linear)
                 native = getattr(launch, "native", None)  # and its epilogue (EpilogueCall)
+                fresh = aliased is not None and launch.fresh(lin)
+                if fresh:  # the product's layout is known: so are the outputs'
+                    _fix_products(fixed, outs, step, graph, aliased, launch)
                 if native is None:
-                    out += launch.source(k, [names[s] for s in ins], defs, code.size, lin)
+                    out += launch.source(k, [names[s] for s in ins], defs, code.size, lin,
+                                         {names[s] for s in outs if s in fixed})
                 else:
                     code.bound.setdefault("native_call", native.call)
                     empty = ("pool_empty" if name in pool_empty
@@ -160,20 +170,20 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     if "threads" not in code.bound:
                         code.bound["threads"] = torch.get_num_threads
                         out.insert(first_step, "    nthreads = threads()")
+                    reuse = _take_dead(outs, static, dead, reused)
                     out += launch.source(k, [names[s] for s in ins], defs, code.size, empty,
-                                         lin)
+                                         lin, {launch.getters[j][1]: v
+                                               for j, v in reuse.items()}, fresh)
+                    _fix_outputs(fixed, outs, launch)
+                    if reuse:
+                        out.append(f"    del {', '.join(reuse.values())}")
             elif launch is not None:  # the native call written out (launcher.Launch)
                 k = f"k{len(code.bound)}"
                 code.bound.update(launch.bindings(k))
                 code.bound.setdefault("native_call", launch.call)
                 empty = ("pool_empty" if name in pool_empty
                          else code.bind("alloc", launch.empty))
-                reuse = {}
-                for j, s in enumerate(outs):
-                    if s in static and dead.get(static[s]):
-                        reuse[j] = dead[static[s]].pop()
-                        if reused is not None:
-                            reused[s] = int(reuse[j][3:])  # buf<slot>
+                reuse = _take_dead(outs, static, dead, reused)
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")
@@ -184,6 +194,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
                                      [s in known for s in ins], direct)
                 known.update(s for s in outs if s is not None)
+                _fix_outputs(fixed, outs, launch)
                 if reuse:
                     out.append(f"    del {', '.join(reuse.values())}")
             else:
@@ -202,17 +213,26 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             free, recycle = [], []
         elif kind == "view" and outs[0] in chains:
             base, _, fns, sized = chains[outs[0]]
-            c = code.bind("chain", _ViewChain(fns))
             b = names[base]
-            # views of static attributes depend on the base's layout alone: a decode step's
-            # growing cache length (a size symbol) does not miss the cache
-            out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
-                    f"    view = {c}.layouts.get(key)",
-                    "    if view:",
-                    f"        {defs[0]} = {b}.as_strided(view[0], view[1], "
-                    f"{b}.storage_offset() + view[2])",
-                    "    else:",
-                    f"        {defs[0]} = {c}.run({b}, syms, key)"]
+            lay = (_fixed_view(fixed[base], fns) if aliased is not None and base in fixed
+                   and outs[0] not in aliased and not sized else None)
+            if lay is not None:  # the chain's layout, known now
+                fixed[outs[0]] = lay
+                out.append(f"    {defs[0]} = reinterpret({b}, {lay[0]}, {lay[1]}, "
+                           f"{lay[2] - fixed[base][2]})")
+            else:
+                c = code.bind("chain", _ViewChain(fns))
+                fast = (f"reinterpret({b}, view[0], view[1], view[2])"
+                        if aliased is not None and outs[0] not in aliased else
+                        f"{b}.as_strided(view[0], view[1], {b}.storage_offset() + view[2])")
+                # views of static attributes depend on the base's layout alone: a decode
+                # step's growing cache length (a size symbol) does not miss the cache
+                out += [f"    key = ({'syms, ' if sized else ''}{b}.shape, {b}.stride())",
+                        f"    view = {c}.layouts.get(key)",
+                        "    if view:",
+                        f"        {defs[0]} = {fast}",
+                        "    else:",
+                        f"        {defs[0]} = {c}.run({b}, syms, key)"]
             if base in known:
                 known.add(outs[0])
             made.add(outs[0])
@@ -221,7 +241,15 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         elif kind == "view" and outs[0] in linear:  # the weight itself: see _linear_weights
             out.append(f"    {defs[0]} = {args}")
         elif kind == "view":
-            out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
+            lay = (_fixed_view(fixed[ins[0]], [fn]) if aliased is not None
+                   and not _has_refs(step.attrs)
+                   and len(ins) == 1 and ins[0] in fixed and outs[0] not in aliased else None)
+            if lay is not None:  # the view's layout, known now: no view call per call
+                fixed[outs[0]] = lay
+                off = lay[2] - fixed[ins[0]][2]
+                out.append(f"    {defs[0]} = reinterpret({args}, {lay[0]}, {lay[1]}, {off})")
+            else:
+                out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
             if ins and ins[0] in known:
                 known.add(outs[0])
         else:
@@ -269,8 +297,97 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     return src, code.bound
 
 
+# Inductor's alias with given sizes, strides and offset increment: no dispatcher, no
+# autograd view record (about 1 us against 2 for a view method or as_strided). The
+# compiled graph records no autograd (AOTAutograd runs it under no_grad or with inputs
+# that need no grad), and a view that is returned, or that a returned value is a view
+# of, keeps the real view call (AOTAutograd regenerates aliased outputs from their base).
+reinterpret_tensor = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)
+REINTERPRET_VIEWS = reinterpret_tensor is not None  # the benchmark's "before" turns it off
+
+
+def _returned_views(graph, program) -> set[int]:
+    """View slots that are returned or that a returned value is (a view of) a view of."""
+    slots = dict(graph_slots(graph, program))
+    out = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
+    for kind, name, fn, ins, outs, step in reversed(program):
+        if kind == "view" and outs and outs[0] in out:
+            out.update(ins)
+    return out
+
+
+def _fix_outputs(fixed: dict, outs, launch) -> None:
+    """Record the compile-time layouts of a kernel's fresh static outputs."""
+    for s, (shape, dt) in zip(outs, _fresh_outputs(launch)):
+        if s is None or shape is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
+            continue
+        sizes = tuple(int(resolve_static(d)) for d in shape)
+        strides, n = [], 1
+        for d in reversed(sizes):
+            strides.append(n)
+            n *= max(d, 1)
+        fixed[s] = (sizes, tuple(reversed(strides)), 0, dt)
+
+
+def _fix_products(fixed: dict, outs, step, graph, aliased, launch) -> None:
+    """Record the layouts of a GEMM tile's outputs that are its fresh contiguous product
+    (GemmCall.fresh), as is or reshaped, where static and not returned."""
+    getters = getattr(launch, "getters", None)
+    for j, (s, name) in enumerate(zip(outs, step.outputs)):
+        if s is None or s in aliased or (getters is not None and getters[j][0] != "mm"):
+            continue
+        spec = graph.specs.get(name)
+        if spec is None or getters is not None and getters[j][2] is not None:
+            continue  # an EpilogueCall's reshaped product: written as a reshape
+        if any(is_symbolic(sympy.sympify(d)) for d in spec.shape):
+            continue
+        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+        strides, n = [], 1
+        for d in reversed(sizes):
+            strides.append(n)
+            n *= max(d, 1)
+        fixed[s] = (sizes, tuple(reversed(strides)), 0, spec.dtype)
+
+
+def _fixed_view(base: tuple, fns) -> tuple | None:
+    """(sizes, strides, offset, dtype) of a view (a chain of views: ``fns``, runners of
+    static attributes) of a base of the known layout ``base``, found by running them on a
+    meta tensor of that layout; None where one copies (a reshape of a non-viewable
+    layout) or changes the dtype."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+    sizes, strides, offset, dt = base
+    extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides) if n > 0)
+    try:
+        with unset_fake_temporarily(), _disable_current_modes():
+            t = torch.empty(extent, dtype=dt, device="meta").as_strided(sizes, strides, offset)
+            v = t
+            for fn in fns:
+                v = fn([v], ())
+    except Exception:  # noqa: BLE001 - the view call stays
+        return None
+    if not isinstance(v, torch.Tensor) or v.dtype != dt or not v._is_view() \
+            or v._base is not t._base:
+        return None
+    return tuple(v.shape), tuple(v.stride()), v.storage_offset(), dt
+
+
+def _take_dead(outs, static, dead, reused) -> dict[int, str]:
+    """output index -> a dead buffer (its variable) of the output's shape and dtype that
+    the kernel writes into (static_reuse)."""
+    reuse = {}
+    for j, s in enumerate(outs):
+        if s in static and dead.get(static[s]):
+            reuse[j] = dead[static[s]].pop()
+            if reused is not None:
+                reused[s] = int(reuse[j][3:])  # buf<slot>
+    return reuse
+
+
 COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
 LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weights)
+LINEAR_ANY_POSITION = True  # likewise: ... wherever the tile's inputs list the transpose
+REUSE_AFTER_TORCH_CALLS = True  # likewise: static_reuse through GEMM / extern readers
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
@@ -371,23 +488,56 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
     bad = set()
     for kind, name, fn, ins, outs, step in program:
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-        if getattr(launch, "gemm", False):  # a torch call: its buffers take the refcount check
-            launch = None
+        # readers that keep no reference to their inputs once they return: views, inline
+        # native kernels, the GEMM tiles' torch calls and extern ops whose schema says
+        # their results alias no input (fresh tensors; the compiled graph runs without
+        # autograd recording: AOTAutograd's forward runs under no_grad)
+        keeps = not (kind == "view" or (launch is not None and (
+            REUSE_AFTER_TORCH_CALLS or not getattr(launch, "gemm", False)))
+            or (kind == "extern" and REUSE_AFTER_TORCH_CALLS and _fresh_results(step)))
         for s in ins:
             r = root.get(s, s)
-            if r in key and not (kind == "view" or launch is not None):
+            if r in key and keeps:
                 bad.add(r)
         if kind == "view" and ins and root.get(ins[0], ins[0]) in key:
             root[outs[0]] = root.get(ins[0], ins[0])
-        if launch is not None and name in pool_empty:
-            for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
-                if s is not None:
-                    key[s] = (tuple(sympy.sympify(d) for d in shape), dt)
+        if launch is None or name not in pool_empty or (
+                getattr(launch, "gemm", False) and not REUSE_AFTER_TORCH_CALLS):
+            continue
+        for s, (shape, dt) in zip(outs, _fresh_outputs(launch)):
+            if s is not None and shape is not None:
+                key[s] = (tuple(sympy.sympify(d) for d in shape), dt)
     slots = dict(graph_slots(graph, program))
     for o in graph.outputs:
         if isinstance(o, str) and o in slots:
             bad.add(root.get(slots[o], slots[o]))
     return {s: k for s, k in key.items() if s not in bad}
+
+
+def _fresh_outputs(launch) -> list[tuple]:
+    """Per tile output: (shape, dtype) of the fresh contiguous buffer the generated code
+    allocates for it, or (None, None): a GEMM's product (torch allocates it) or an
+    epilogue output reshaped to the tile's shape."""
+    native = getattr(launch, "native", None)
+    if not getattr(launch, "gemm", False):
+        return list(zip(launch.shapes, launch.dtypes))
+    if native is None:
+        return [(None, None)] * len(launch.shapes)
+    out = []
+    for kind, idx, dims in launch.getters:
+        if kind == "epi" and (dims is None or same_shape(dims, launch.T)):
+            out.append((native.shapes[idx], native.dtypes[idx]))
+        else:
+            out.append((None, None))
+    return out
+
+
+def _fresh_results(step) -> bool:
+    """Whether an extern op's results are fresh tensors and it writes none of its
+    arguments (an ATen overload whose schema has no alias annotation)."""
+    schema = getattr(step.fn, "_schema", None)
+    return schema is not None and not any(
+        a.alias_info is not None for a in (*schema.arguments, *schema.returns))
 
 
 def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
@@ -414,13 +564,14 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
             continue
         ukind, uname, _, uins, _, ustep = program[users[0]]
         launch = getattr(kernels.get(uname), "launch", None) if ukind == "kernel" else None
-        if not getattr(launch, "gemm", False) or not uins or uins[-1] != outs[0] \
-                or uins.count(outs[0]) != 1:
+        if not getattr(launch, "gemm", False) or not uins or uins.count(outs[0]) != 1:
             continue
         ops = launch.operands
         specs = [_spec_of(graph, program, s) for s in uins]
         if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs) \
-                or ops[-1][1] != len(uins) - 1:  # the transpose is the GEMM's right operand
+                or uins[ops[-1][1]] != outs[0]:  # the transpose is the GEMM's right operand
+            continue
+        if not LINEAR_ANY_POSITION and uins[-1] != outs[0]:  # the benchmark's "before"
             continue
         x = specs[ops[-2][1]]
         if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:

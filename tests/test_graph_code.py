@@ -2,6 +2,8 @@
 torch call itself. Every case is checked against eager on fresh inputs."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +31,9 @@ def test_view_chains_are_one_as_strided():
     x, w = torch.randn(2, 5, 6), torch.randn(6, 24)
     out, source = _compiled(heads, x, w)
     torch.testing.assert_close(out, heads(x, w))
-    assert ".as_strided(" in source, source
+    # one call per chain: its layout found at compile time (a base of known layout:
+    # reinterpret with it written out) or cached per base layout
+    assert "reinterpret(" in source or ".as_strided(" in source, source
     # called again: the chain's layout is taken from its cache, the same result
     x2 = torch.randn(2, 5, 6)
     torch.testing.assert_close(torch.compile(heads, backend="pypto")(x2, w), heads(x2, w))
@@ -126,6 +130,7 @@ def test_linear_weights_are_read_untransposed():
     out, source = _compiled(linears_2d, x, w1, b1, w2, w3)
     torch.testing.assert_close(out, linears_2d(x, w1, b1, w2, w3), rtol=1e-4, atol=1e-4)
     assert "linear(" in source, source
+    assert re.search(r"linear\(\w+, \w+, \w+\)", source), source  # the biased addmm too
     fn = torch.compile(linears_2d, backend="pypto", dynamic=True)
     for rows in (3, 9):
         args = (torch.randn(rows, 16), w1, b1, w2, w3)
@@ -162,3 +167,72 @@ def test_small_outputs_with_dynamic_sizes_take_the_pool():
     for n in (3, 5, 3, 8):
         x = torch.randn(n, 16)
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-4)
+
+
+def gemm_and_sdpa_readers(x, w1, w2):
+    # each pooled kernel output dies in a GEMM or SDPA (fresh results, no reference kept):
+    # a later kernel writes into it, decided at compile time (wrapper.static_reuse)
+    a = torch.exp(x) * 2
+    b = torch.tanh(a @ w1) + a
+    c = torch.sin(b @ w2) * b
+    q = torch.cos(c).reshape(4, 128, 2, 32).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, torch.sigmoid(q), q * 3)
+    return torch.exp(o.transpose(1, 2).reshape(4, 128, 64) @ w1) * 2 + 1
+
+
+def test_buffers_read_by_gemms_and_sdpa_are_reused_at_compile_time():
+    x, w1, w2 = torch.randn(4, 128, 64), torch.randn(64, 64) / 8, torch.randn(64, 64) / 8
+    out, source = _compiled(gemm_and_sdpa_readers, x, w1, w2)
+    torch.testing.assert_close(out, gemm_and_sdpa_readers(x, w1, w2), rtol=1e-4, atol=1e-4)
+    assert "getrefcount(" not in source, source
+    assert re.search(r"^    \w+ = buf\d+$", source, re.M), source
+    compiled = torch.compile(gemm_and_sdpa_readers, backend="pypto")
+    for _ in range(3):  # the reused buffers hold the last call's values: fresh inputs
+        x = torch.randn(4, 128, 64)
+        torch.testing.assert_close(compiled(x, w1, w2), gemm_and_sdpa_readers(x, w1, w2),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def views_of_kernel_outputs(x, w):
+    a = torch.exp(x) * 2  # a fresh contiguous kernel output: its views' layouts are known
+    b = a.reshape(-1, 32, 16).transpose(1, 2)
+    c = torch.sin(b) + 1
+    return c @ w, a.narrow(0, 1, 2).t()  # a returned view keeps its view calls
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_views_of_kernel_outputs_are_reinterpreted(dynamic):
+    # wrapper.REINTERPRET_VIEWS: a view of a static kernel output is Inductor's
+    # reinterpret_tensor with the sizes, strides and offset written out
+    x, w = torch.randn(128, 16), torch.randn(32, 8)
+    out, source = _compiled(views_of_kernel_outputs, x, w, dynamic=dynamic)
+    for got, want in zip(out, views_of_kernel_outputs(x, w)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if not dynamic:
+        assert re.search(r"reinterpret\(buf\d+, \(4, 32, 16\), \(512, 16, 1\), 0\)", source), source
+        assert ".narrow(" in source or ".as_strided(" in source, source
+    compiled = torch.compile(views_of_kernel_outputs, backend="pypto", dynamic=dynamic)
+    for n in (128, 64, 128):
+        x = torch.randn(n, 16) if dynamic else torch.randn(128, 16)
+        got, want = compiled(x, w), views_of_kernel_outputs(x, w)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+        assert got[1]._base is not None  # still a view of the compiled graph's output
+
+
+def linear_heads(x, w, b):
+    y = F.linear(x, w, b)  # addmm: a fresh contiguous product, its views' layouts known
+    return torch.tanh(y.reshape(4, 8, 2, 16).transpose(1, 2)) * 2, torch.exp(y[:, :4])
+
+
+def test_views_of_gemm_products_are_reinterpreted():
+    x, w, b = torch.randn(32, 16), torch.randn(32, 16), torch.randn(32)
+    out, source = _compiled(linear_heads, x, w, b)
+    for got, want in zip(out, linear_heads(x, w, b)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert re.search(r"reinterpret\(\w+, \(4, 8, 2, 16\)", source), source
+    compiled = torch.compile(linear_heads, backend="pypto")
+    for _ in range(3):
+        x = torch.randn(32, 16)
+        for got, want in zip(compiled(x, w, b), linear_heads(x, w, b)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -398,11 +398,18 @@ class GemmCall:
     shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
     gemm = True  # tells wrapper.py this is not a native kernel's Launch
 
-    def source(self, k: str, ins: list[str], outs: list[str], size, linear: bool = False
-               ) -> list[str]:
+    def fresh(self, linear: bool) -> bool:
+        """Whether the product is a fresh contiguous 2-D tensor (mm, addmm and 2-D linear
+        allocate their result contiguous): its reshapes are known layouts."""
+        return linear or self.fn in (torch.mm, torch.addmm)
+
+    def source(self, k: str, ins: list[str], outs: list[str], size, linear: bool = False,
+               fresh: tuple = ()) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
         ``size(expr)`` prints a size expression. ``linear``: the last input is the weight
-        the right operand transposes (wrapper._linear_weights): ``linear(x, w[, bias])``."""
+        the right operand transposes (wrapper._linear_weights): ``linear(x, w[, bias])``;
+        ``fresh``: outputs that may be written as ``reinterpret`` (bound by the caller) of
+        the product where :meth:`fresh` and their shape is static."""
         if linear:  # matmul(x, wT) -> linear(x, w); addmm(b, x, wT) -> linear(x, w, b)
             x, w, *bias = ([ins[op[1]] for op in self.operands[1:]]
                            + [ins[self.operands[0][1]]]) if len(self.operands) == 3 \
@@ -426,7 +433,7 @@ class GemmCall:
             if o == "_":
                 continue
             lines.append(f"    {o} = {k}_r" if shape is None else
-                         f"    {o} = {k}_r.reshape(({''.join(size(d) + ', ' for d in shape)}))")
+                         f"    {o} = {_reshape(f'{k}_r', shape, size, o in fresh)}")
         return lines + [f"    del {k}_r"]
 
     def bindings(self, k: str) -> dict:
@@ -452,11 +459,16 @@ class EpilogueCall:
     native: object  # the epilogue kernel's launcher.Launch
     gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
 
+    def fresh(self, linear: bool) -> bool:
+        return GemmCall.fresh(self, linear)
+
     def source(self, k: str, ins: list[str], outs: list[str], size, empty: str,
-               linear: bool = False) -> list[str]:
+               linear: bool = False, reuse: dict[int, str] | None = None,
+               fresh: bool = False) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
         allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
-        ``linear`` as in :meth:`GemmCall.source`."""
+        ``linear`` as in :meth:`GemmCall.source`; ``reuse``: epilogue output index -> a
+        dead buffer to write it into (wrapper.static_reuse)."""
         def shape(dims):
             return f"({''.join(size(d) + ', ' for d in dims)})"
 
@@ -468,11 +480,11 @@ class EpilogueCall:
             if dims is None:
                 feeds.append(src)
                 continue
-            lines.append(f"    {k}_f{j} = {src}.reshape({shape(dims)})")
+            lines.append(f"    {k}_f{j} = {_reshape(src, dims, size, fresh and i < 0)}")
             feeds.append(f"{k}_f{j}")
             temps.append(f"{k}_f{j}")
         results = [f"{k}_e{j}" for j in range(len(self.native.dtypes))]
-        lines += self.native.source(f"{k}e", feeds, results, empty)
+        lines += self.native.source(f"{k}e", feeds, results, empty, reuse)
         temps += results
         for o, (kind, idx, dims) in zip(outs, self.getters):
             if o == "_":
@@ -485,3 +497,15 @@ class EpilogueCall:
     def bindings(self, k: str) -> dict:
         return {**GemmCall(self.fn, self.operands, ()).bindings(k),
                 **self.native.bindings(f"{k}e")}
+
+
+def _reshape(t: str, dims, size, fresh: bool) -> str:
+    """``t.reshape(dims)``, or where ``t`` is a fresh contiguous product (GemmCall.fresh)
+    and ``dims`` static, Inductor's ``reinterpret_tensor`` with contiguous strides (no
+    dispatcher, no autograd view: about 1 us less)."""
+    shape = f"({''.join(size(d) + ', ' for d in dims)})"
+    if not fresh or any(not isinstance(d, int) and not getattr(d, "is_Integer", False)
+                        for d in dims):
+        return f"{t}.reshape({shape})"
+    sizes = tuple(int(d) for d in dims)
+    return f"reinterpret({t}, {sizes}, {tuple(int(x) for x in _contiguous(sizes))}, 0)"
