@@ -30,6 +30,8 @@ from .roi import CostModel, RoiEstimate
 _HALF = (torch.float16, torch.bfloat16)
 MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
 MAX_SIBLINGS = 8  # readers of one value considered pairwise
+# Producers of cat parts computed per part in the cat's kernel (False: as before, for A/Bs)
+CAT_PARTS = True
 
 
 @dataclasses.dataclass
@@ -321,7 +323,7 @@ class Planner:
     def cat_parts(self, ops: list[TileOp]) -> set[str]:
         """Ops of a would-be kernel computed only for cat parts (capacity.cat_part_ops):
         the kernel computes them per part, inside the cat's iteration domain."""
-        if not any(op.op == "cat" for op in ops):
+        if not CAT_PARTS or not any(op.op == "cat" for op in ops):
             return set()
         return cat_part_ops(ops, self.cost.boundary(ops)[1])
 
