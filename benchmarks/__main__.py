@@ -15,7 +15,8 @@ times training steps (forward + backward) of the two blocks (``training.py``).
 ``python -m benchmarks zoo [--models ..] [--modes ..] [--threads ..]`` runs the
 transformers zoo instead (forward, decode step, training step: ``zoo.py``);
 ``python -m benchmarks compile_time`` cold compile and warm start times per zoo model;
-``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``).
+``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``);
+``python -m benchmarks.rope`` RoPE and RoPE into the KV cache cat, cat parts fused or not.
 """
 from __future__ import annotations
 

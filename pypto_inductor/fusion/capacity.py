@@ -86,6 +86,26 @@ def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
     return op_domain(ops[0], graph)
 
 
+def cat_part_ops(ops: list[TileOp], outputs) -> set[str]:
+    """Pointwise ops of a kernel computed only to feed cat parts (directly or through each
+    other; a column cat feeding another cat counts too): a kernel computes them per part,
+    at the part's elements, so they have no iteration domain of their own there
+    (rotate_half's ``neg`` over half the columns of its cat)."""
+    users: dict[str, list] = {op.name: [] for op in ops}
+    for op in ops:
+        for a in op.inputs:
+            if a in users:
+                users[a].append(op)
+    out: set[str] = set()
+    for op in reversed(ops):
+        column_cat = op.op == "cat" and op.attrs["dim"] == len(op.out.shape) - 1
+        if (op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) or column_cat) \
+                and op.name not in outputs and users[op.name] \
+                and all(u.op in ("cat", "pad") or u.name in out for u in users[op.name]):
+            out.add(op.name)
+    return out
+
+
 def pointwise_outputs(ops: list[TileOp]) -> set[tuple]:
     """(numel, shape) of every non-reduction op of a group."""
     return {(op.out.numel, op.out.shape) for op in ops if op.kind is not OpKind.REDUCTION}

@@ -23,12 +23,15 @@ from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp
 from ..lowering.indexing import STANDALONE_OPS
-from .capacity import TilePlan, domains_compatible, group_domain, plan_tile, pointwise_outputs
+from .capacity import (TilePlan, cat_part_ops, domains_compatible, group_domain, plan_tile,
+                       pointwise_outputs)
 from .roi import CostModel, RoiEstimate
 
 _HALF = (torch.float16, torch.bfloat16)
 MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
 MAX_SIBLINGS = 8  # readers of one value considered pairwise
+# Producers of cat parts computed per part in the cat's kernel (False: as before, for A/Bs)
+CAT_PARTS = True
 
 
 @dataclasses.dataclass
@@ -154,7 +157,9 @@ class Planner:
             # gathers read where they are used iterate no domain of their own: last, so the
             # group's domain comes from the others (capacity.group_domain takes the first)
             members = {id(op) for op in ops}
-            ordered = sorted(ops, key=lambda op: self.read_where_used(op, members))
+            parts = self.cat_parts(ops)
+            ordered = sorted(ops, key=lambda op: self.read_where_used(op, members)
+                             or op.name in parts)
             self._tile_cache[key] = plan_tile(ordered, self.graph, self.hw,
                                               self.config.buffering)
         return self._tile_cache[key]
@@ -282,7 +287,13 @@ class Planner:
             if op.op == "gather" and any(self.computed_in(a, defined) for a in op.inputs):
                 return "gather source or index not fused: an indexed read takes them from GM", None
         members = {id(op) for op in merged}
-        free = {id(op) for op in merged if self.read_where_used(op, members)}
+        parts = self.cat_parts(merged)
+        why = self.cat_parts_illegal(merged, parts)
+        if why:
+            return why, None
+        # gathers read where used and cat parts' producers: no iteration domain of their own
+        free = {id(op) for op in merged
+                if op.name in parts or self.read_where_used(op, members)}
         domain_groups = [g for g in ([op for op in ops if id(op) not in free] for ops in groups)
                          if g]
         acc = list(domain_groups[0])
@@ -308,6 +319,46 @@ class Planner:
             return (f"capacity: fused footprint {fused.footprint_bytes} B at tile "
                     f"{'x'.join(map(str, fused.tile_shape))} exceeds {fused.capacity_bytes} B"), roi
         return None, roi
+
+    def cat_parts(self, ops: list[TileOp]) -> set[str]:
+        """Ops of a would-be kernel computed only for cat parts (capacity.cat_part_ops):
+        the kernel computes them per part, inside the cat's iteration domain."""
+        if not CAT_PARTS or not any(op.op == "cat" for op in ops):
+            return set()
+        return cat_part_ops(ops, self.cost.boundary(ops)[1])
+
+    def cat_parts_illegal(self, merged: list[TileOp], parts: set[str]) -> str | None:
+        """Why a kernel cannot compute these cat parts' producers per part, or None: each
+        has its cat's rank (the part's shape, the cat's dim split) and reads no value the
+        kernel computes over its whole domain (codegen/cpp's lower_parts)."""
+        if not parts:
+            return None
+        users: dict[str, list[TileOp]] = {}
+        defined = {op.name: op for op in merged}
+        for op in merged:
+            for a in op.inputs:
+                users.setdefault(a, []).append(op)
+        for op in merged:
+            if op.name not in parts:
+                continue
+            for a in op.inputs:
+                while a in defined and defined[a].op == "view":
+                    a = defined[a].args[0]
+                if a in defined and a not in parts:
+                    return (f"{op.name} ({op.op}) computes a cat part from {a}, which the "
+                            f"kernel computes over its whole domain")
+            stack, seen = [op], set()
+            while stack:  # the cats this part's value reaches through other parts
+                for u in users.get(stack.pop().name, []):
+                    if u.name in seen:
+                        continue
+                    seen.add(u.name)
+                    if u.op == "cat" and len(u.out.shape) != len(op.out.shape):
+                        return (f"{op.name} ({op.op}, rank {len(op.out.shape)}) feeds a part of "
+                                f"{u.name} (rank {len(u.out.shape)}): not the cat's rank")
+                    if u.name in parts:
+                        stack.append(u)
+        return None
 
     def cat_columns(self, merged: list[TileOp]) -> str | None:
         """A cat along the last dim splits a kernel's column loop at its parts, so the ops

@@ -21,7 +21,7 @@ import dataclasses
 import sympy
 import torch
 
-from ...fusion.capacity import group_domain
+from ...fusion.capacity import cat_part_ops, group_domain
 from ...ir import FusionTile, OpKind, TileGraph, TileOp
 from ...sizes import is_symbolic
 from ...sizes import numel as _numel
@@ -72,6 +72,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.ops = {op.name: op for op in tile.ops}
         self.deferred: set[str] = set()
         self.shift: tuple | None = None
+        self.row_outer: tuple = ()  # (dim, offset) of the row cat part a column cat is in
         self.part_env: dict[tuple, Node] = {}
         self.cat_bounds: list | None = None
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
@@ -198,6 +199,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
             axis, off, full = self.shift
             if axis == len(full) - 1:
                 offset = off
+                row_shift = self.row_outer
             else:
                 row_shift = (axis, off)
         access = Access(self.slot[name], tuple(dims), kind == "col", tuple(frame), offset,
@@ -347,23 +349,11 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
     def cat_part_ops(self) -> set:
         """Pointwise ops computed only to feed cat parts (directly or through each other):
         lowered per part, at the part's columns, not over the tile's domain."""
-        users: dict[str, list] = {op.name: [] for op in self.tile.ops}
-        for op in self.tile.ops:
-            for a in op.inputs:
-                if a in users:
-                    users[a].append(op)
-        out: set[str] = set()
-        for op in reversed(self.tile.ops):
-            column_cat = op.op == "cat" and op.attrs["dim"] == len(op.out.shape) - 1
-            if (op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST) or column_cat) \
-                    and op.name not in self.tile.outputs and users[op.name] \
-                    and all(u.op in ("cat", "pad") or u.name in out for u in users[op.name]):
-                out.add(op.name)
-        return out
+        return cat_part_ops(self.tile.ops, self.tile.outputs)
 
     def lower_part(self, name: str) -> Node:
         """A deferred op (see :meth:`cat_part_ops`) at the current cat part's columns."""
-        key = (name, self.shift)
+        key = (name, self.shift, self.row_outer)
         if key not in self.part_env:
             origin = self.origin
             self.part_env[key] = self.lower(self.ops[name])
@@ -392,7 +382,10 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         row = dim < len(shape) - 1  # along a leading dim: a select on the row index
         outer = self.shift  # a column cat inside a column cat's part: nested
         nested = outer is not None and not row and outer[0] == len(outer[2]) - 1
-        if (outer is not None and not nested) or kind != "col" or cut \
+        # a column cat inside a row cat's part (RoPE of k into the KV cache's cat): its
+        # parts read at the row part's rows (clamped) and at their own columns
+        in_row = outer is not None and not row and not nested and not self.row_outer
+        if (outer is not None and not nested and not in_row) or kind != "col" or cut \
                 or tuple(frame) != shape or (
                 row and (not _same_shape(shape, self.D) or dim >= n - max(self.m_red, 1))) \
                 or (not row and ((not nested and not _same(shape[-1], self.D[-1]))
@@ -401,6 +394,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
                             f"(only along the tile's columns or its row dims)")
         base = outer[1] if nested else sympy.Integer(0)
         full = outer[2] if nested else shape
+        row_outer = self.row_outer
         args, bounds, spans, off = [], [], [], sympy.Integer(0)
         for a, length in parts:
             if isinstance(a, Lit):  # a pad's fill
@@ -408,10 +402,12 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
             else:
                 part = tuple(self.graph.specs[a].shape)
                 self.shift = (dim, base + off, full)
+                if in_row:
+                    self.row_outer = (outer[0], outer[1])
                 try:
                     args.append(self.operand(a, self.context(part)))
                 finally:
-                    self.shift = outer
+                    self.shift, self.row_outer = outer, row_outer
             spans.append((base + off, base + off + sympy.sympify(length)))
             off = off + sympy.sympify(length)
             bounds.append(off)

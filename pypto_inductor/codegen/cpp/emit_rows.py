@@ -91,6 +91,7 @@ class RowEmitter:
         self.passes = max((self.stage[x.id] for x in nodes if x.kind == "reduce"
                            and x.id in needed), default=0)
         self.seg = 0  # the column segment (cat part) being emitted, see Program.cat_bounds
+        self.row_part: tuple | None = None  # (row cat node id, its part) of a row branch
         self.cached: set[int] = set()  # col values a row pass stores for the later passes
         self.stored: set[int] = set()  # of those, the ones stored by a pass already emitted
         self.storing: set[int] = set()  # ... and by the pass being emitted
@@ -272,6 +273,9 @@ class RowEmitter:
                 rhs = f"{self.staged[k]}[c - cs]"
             elif col and path == "fast" and k in self.row_staged:
                 rhs = f"sr{k}[c]"
+        elif x.kind == "op" and x.attrs["op"] == "cat" and self.row_part \
+                and self.row_part[0] == x.id:  # the part of this row branch
+            rhs = self.part(x, x.args[self.row_part[1]])
         elif x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" in x.attrs:
             rhs = self.part(x, x.args[-1])
             for s in range(len(x.args) - 2, -1, -1):
@@ -335,6 +339,8 @@ class RowEmitter:
                 args = x.args
                 if x.kind == "op" and x.attrs["op"] == "cat" and "row_bounds" not in x.attrs:
                     args = [self.segment_part(x)]
+                elif self.row_part and self.row_part[0] == x.id:
+                    args = [x.args[self.row_part[1]]]
                 stack += [a for a in args if hasattr(a, "id")]
         return [x for x in self.p.nodes if x.id in seen]
 
@@ -476,6 +482,29 @@ class RowEmitter:
                     self.staged = {}
                     self.blocked = {}
             self.seg = 0
+            self.w("    }")
+
+    def row_part_loops(self, has_fast: bool, targets, outs) -> None:
+        """The per-element outputs' column loop. A row cat picks its part on the row index,
+        constant along the row: one loop per part under a branch on it, each computing only
+        its part (a decode step's KV cache rows are copied, k's RoPE computed on its row
+        only), instead of every part at every element and a select."""
+        cats = [x for x in self.col_deps(targets) if x.kind == "op"
+                and x.attrs["op"] == "cat" and "row_bounds" in x.attrs]
+        if len(cats) != 1 or self.p.reduction:
+            self.loop(has_fast, targets, lambda path, lane: [], outs=outs)
+            return
+        x = cats[0]
+        last = len(x.args) - 1
+        for s in range(last + 1):
+            cond = f"i{x.attrs['dim']} < RB{x.id}_{s}"
+            self.w(f"    if ({cond}) {{" if s == 0 else
+                   f"    else if ({cond}) {{" if s < last else "    else {")
+            self.row_part = (x.id, s)
+            try:
+                self.loop(has_fast, targets, lambda path, lane: [], outs=outs)
+            finally:
+                self.row_part = None
             self.w("    }")
 
     def split_roundings(self, deps, reductions, segs, targets) -> bool:
@@ -738,8 +767,7 @@ class RowEmitter:
             self.row_nodes(stage)
         col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         if col_outs:
-            self.loop(has_fast, [x for _, x, _ in col_outs], lambda path, lane: [],
-                      outs=col_outs)
+            self.row_part_loops(has_fast, [x for _, x, _ in col_outs], col_outs)
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
                 w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype)};")
