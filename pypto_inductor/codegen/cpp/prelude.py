@@ -244,7 +244,17 @@ PI_INLINE float pi_erfc_core(float a, float h, float l) {
   p = p * t + 2.683685720e-01f;
   p = p * t + 2.782761455e-01f;
   p = p * t + 2.823703885e-01f;
-  return pi_exp_core(-h) * (1.0f - l) * (t * p);
+  // exp(-h) for h in [0, 16]: pi_exp_core's reduction and polynomial, 2^n one factor
+  const float n = (h * -1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = -h - n * 0.693359375f + n * 2.12194440e-4f;
+  float e = 1.9875691500e-4f;
+  e = e * r + 1.3981999507e-3f;
+  e = e * r + 8.3334519073e-3f;
+  e = e * r + 4.1665795894e-2f;
+  e = e * r + 1.6666665459e-1f;
+  e = e * r + 5.0000001201e-1f;
+  e = e * (r * r) + r + 1.0f;
+  return e * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l) * (t * p);
 }
 // erf to ~1 ulp (eager's Sleef erf 0.6): below 1 a polynomial, above 1 - erfc(|x|), which
 // rounds to exactly 1 past 3.92 as eager's does. Both halves run and one is selected, so
