@@ -2,6 +2,8 @@
 each fixed repro, generalised to fresh random inputs and compared with eager."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -518,3 +520,84 @@ def test_copysign_by_sigmoid_of_nan(dynamic):
     got, want = _compile(fn, "cpu", dynamic)(x), fn(x)
     assert torch.equal(got.signbit(), want.signbit())
     assert_close(got, want, equal_nan=True)  # sigmoid itself may be an ulp apart
+
+
+def _no_farther_from_float64_than_eager(out, ref, f64, what, nudged=None):
+    """The fuzz checker's rule: out may be off float64 by twice eager's error (or a ulp of
+    the result, or how far eager moves on inputs nudged by a few ulps), plus torch's
+    tolerances for the output's dtype."""
+    eps = torch.finfo(ref.dtype).eps
+    atol, rtol = {torch.float32: (1e-5, 1.3e-6), torch.float64: (1e-7, 1e-7)}[ref.dtype]
+    out, ref, f64 = out.double(), ref.double(), f64.double()
+    err = torch.maximum((ref - f64).abs(), eps * f64.abs())
+    if nudged is not None:
+        err = torch.maximum(err, (nudged.double() - ref).abs())
+    bound = 2 * err + atol + rtol * f64.abs()
+    bad = (out - f64).abs() > bound
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} farther from float64 than "
+                           f"eager, e.g. pypto {out[bad][:3].tolist()} eager {ref[bad][:3].tolist()} "
+                           f"float64 {f64[bad][:3].tolist()}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_gram_matrix_of_large_inputs(target):
+    """Seed 32060: gelu(x) @ gelu(x).mT with x ~ 30 N(0, 1) and K = 2: gelu's far negative
+    tail was 1 + erf(x / sqrt 2), which cancels (x in [-5.5, -4.5) up to 8x off), so the
+    near-zero entries were 25% off; the tail is erfc-based now. The backward too."""
+    fn = lambda x: gelu_gram(x)  # noqa: E731
+    compiled = _compile(fn, target, dynamic=True)
+    for shape in ((24, 24, 2), (9, 9, 12)):
+        x = torch.randn(*shape) * 30
+        x.view(-1)[:64] = torch.linspace(-5.6, -3.0, 64)  # the tail, for sure
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        x64 = x.double().requires_grad_()
+        out, ref, f64 = compiled(xc), fn(xe), fn(x64)
+        _no_farther_from_float64_than_eager(out, ref, f64, f"gelu gram {shape}")
+        g = torch.randn_like(ref)
+        out.backward(g), ref.backward(g), f64.backward(g.double())
+        _no_farther_from_float64_than_eager(xc.grad, xe.grad, x64.grad, f"gelu gram grad {shape}")
+
+
+def gelu_gram(x):
+    v = F.gelu(x)
+    return v @ v.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_erf_values_through_a_float64_bmm(target):
+    """Seed 30759: erf(x)[idx].to(float64) @ y: pi_erf (XLA/Eigen's rational fit) was up to
+    6.4 ulps off (mean 0.62), eager's 0.7 (mean 0.17); a float64 product sums those errors.
+    Now 1.2 (mean 0.17)."""
+    fn = lambda x, i, y: torch.bmm(torch.erf(x)[i].to(torch.float64), y)  # noqa: E731
+    compiled = _compile(fn, target, dynamic=True)
+    for b, n in ((12, 5), (9, 16)):
+        x = torch.randn(b, n, n)
+        i = torch.randint(0, b, (b,))
+        y = torch.randn(b, n, n, dtype=torch.float64)
+        f64 = torch.bmm(torch.erf(x.double())[i], y)
+        nudge = 4 * torch.finfo(torch.float32).eps * x.abs() * torch.randn_like(x).sign()
+        _no_farther_from_float64_than_eager(compiled(x, i, y), fn(x, i, y), f64, f"erf bmm {b}x{n}",
+                                            nudged=fn(x + nudge, i, y))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_division_by_gelu_of_special_values(target):
+    """Seed 21822: x5 / gelu(x0), x0 with special values (tiny, huge, inf, NaN): a few
+    quotients ~5e-6 off where gelu(x0) sat in erf's inaccurate range."""
+    fn = lambda x0, x5: x5 / F.gelu(x0)  # noqa: E731
+    compiled = _compile(fn, target, dynamic=True)
+    for shape in ((32, 5, 32), (16, 7, 16)):
+        x0 = torch.randn(*shape)
+        specials = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 3e38, -3e38, 1e-30, -1e-30])
+        x0.view(-1)[:9] = specials
+        x0.view(-1)[9:200] = torch.linspace(-5.6, 5.6, 191)
+        x5 = torch.randn(shape[-1])
+        out, ref = compiled(x0, x5), fn(x0, x5)
+        f64 = fn(x0.double(), x5.double())
+        # eager's 1 + erf is 0 at some x in [-5.54, -5.48] (the quotient an inf) and
+        # not ours, float64's neither: a non-finite element is eager's or float64's
+        same = lambda a, b: (a == b) | (a.isnan() & b.isnan())  # noqa: E731
+        special = ~out.isfinite() | ~ref.isfinite()
+        assert (same(out, ref) | same(out, f64.float()) | (out.isfinite() & f64.isfinite()))[special].all()
+        finite = ref.isfinite() & f64.isfinite() & out.isfinite()
+        _no_farther_from_float64_than_eager(out[finite], ref[finite], f64[finite], f"x / gelu {shape}")

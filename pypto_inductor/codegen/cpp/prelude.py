@@ -2,7 +2,8 @@
 
 Everything is branch-free and inlined so loops over columns vectorise without
 -ffast-math: exp is a Cephes-style polynomial, tanh/sigmoid/silu/gelu(tanh) are
-built on it, erf (and exact gelu) is a rational polynomial; fp16 and bf16 are converted with integer bit manipulation
+built on it, erf is a polynomial below 1 and 1 - exp(-x^2) R(x) above (exact gelu's
+negative tail erfc-based); fp16 and bf16 are converted with integer bit manipulation
 (round to nearest even, as c10 does), so loads and stores vectorise too; fp16 blocks
 convert with F16C/AVX-512 instructions where the compiler targets them.
 """
@@ -199,30 +200,85 @@ PI_INLINE float pi_sigmoid(float x) {
   const float r = 1.0f / (1.0f + pi_exp_d(-x));
   return x != x ? -x : r;
 }
-// erf as x * P(x^2) / Q(x^2) on [-4, 4], the rational minimax fit XLA and Eigen use: max
-// error 3.3e-7 against double erf, and twice as fast as Abramowitz-Stegun 7.1.26 (one exp
-// and one division, error 5.2e-7). Beyond |x| = 3.92 erf rounds to +-1 in float, and eager
-// gives exactly +-1 there (GELU's tail is then exactly -0.0), so the fit is not used.
+// a * b + c rounded once where the target has FMA (-march=native), else twice
+#if defined(__FMA__) || defined(__aarch64__)
+#define PI_FMA(a, b, c) std::fma(a, b, c)
+#else
+#define PI_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+// the rounding error of h = a * a (a * a = h + l exactly): exp(-a^2) for a up to 4 is a
+// few ulps only from the exact square (h alone is up to 1e-6 off: 16 ulps)
+PI_INLINE float pi_sq_lo(float a, float h) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return std::fma(a, a, -h);
+#else  // Dekker: a split into 12-bit halves, whose products are exact
+  const float ah = pi_f(pi_u(a) & 0xfffff000u), al = a - ah;
+  return ((ah * ah - h) + 2.0f * ah * al) + al * al;
+#endif
+}
+// erf for |a| < 1 as a + a y(a^2), y = erf(a) / a - 1 a degree-6 polynomial (our float64
+// least-squares fit, relative 1.2e-9): ~1 ulp, a denormal a rounds once
+PI_INLINE float pi_erf_small(float a) {
+  const float z = a * a;
+  float y = 7.854219439e-05f;
+  y = y * z - 8.010310703e-04f;
+  y = y * z + 5.188342649e-03f;
+  y = y * z - 2.685382031e-02f;
+  y = y * z + 1.128358543e-01f;
+  y = y * z - 3.761262596e-01f;
+  y = y * z + 1.283791661e-01f;
+  return PI_FMA(a, y, a);
+}
+// erfc(a) for a in [0, 4] (past 4 it is below the 2^-25 that 1 - erfc rounds away) as
+// exp(-a^2) R(a), R = erfc(a) exp(a^2) fitted as t P(t), t = 1 / (1 + a / 2), P of degree
+// 8 (our float64 least-squares fit, relative 1.2e-8; evaluated in float 3.4e-7); h + l = a^2
+// exactly (pi_sq_lo), and exp(-h - l) = exp(-h) (1 - l) as |l| < 1e-6
+PI_INLINE float pi_erfc_core(float a, float h, float l) {
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  float p = -4.261611402e-02f;
+  p = p * t + 1.989218146e-01f;
+  p = p * t - 2.960256934e-01f;
+  p = p * t + 3.941052407e-02f;
+  p = p * t + 1.554371864e-01f;
+  p = p * t + 1.158571988e-01f;
+  p = p * t + 2.683685720e-01f;
+  p = p * t + 2.782761455e-01f;
+  p = p * t + 2.823703885e-01f;
+  // exp(-h) for h in [0, 16]: pi_exp_core's reduction and polynomial, 2^n one factor
+  const float n = (h * -1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = -h - n * 0.693359375f + n * 2.12194440e-4f;
+  float e = 1.9875691500e-4f;
+  e = e * r + 1.3981999507e-3f;
+  e = e * r + 8.3334519073e-3f;
+  e = e * r + 4.1665795894e-2f;
+  e = e * r + 1.6666665459e-1f;
+  e = e * r + 5.0000001201e-1f;
+  e = e * (r * r) + r + 1.0f;
+  return e * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l) * (t * p);
+}
+// erf to ~1 ulp (eager's Sleef erf 0.6): below 1 a polynomial, above 1 - erfc(|x|), which
+// rounds to exactly 1 past 3.92 as eager's does. Both halves run and one is selected, so
+// the loop vectorises.
 PI_INLINE float pi_erf(float x) {
   const float a = std::fabs(x);
   const float c = a > 4.0f ? 4.0f : a;  // NaN passes and stays NaN
-  const float z = c * c;
-  float p = -2.72614225801306e-10f;
-  p = p * z + 2.77068142495902e-08f;
-  p = p * z - 2.10102402082508e-06f;
-  p = p * z - 5.69250639462346e-05f;
-  p = p * z - 7.34990630326855e-04f;
-  p = p * z - 2.95459980854025e-03f;
-  p = p * z - 1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * z - 2.13374055278905e-04f;
-  q = q * z - 1.68282697438203e-03f;
-  q = q * z - 7.37332916720468e-03f;
-  q = q * z - 1.42647390514189e-02f;
-  float e = p / q * c;  // c last: a denormal x rounds once
-  e = e > 1.0f ? 1.0f : e;  // the fit exceeds 1 by up to 2e-7 past 3.61
-  e = a >= 3.92f ? 1.0f : e;
+  const float h = c * c;
+  const float big = 1.0f - pi_erfc_core(c, h, pi_sq_lo(c, h));
+  const float e = a < 1.0f ? pi_erf_small(a) : big;
   return std::copysign(e, x);  // odd: erf(-0.0) is -0.0
+}
+// 1 + erf(x / sqrt 2) (twice the normal CDF, GELU's factor) as erfc(|x| / sqrt 2) or 2 minus
+// it, not as 1 + erf, which cancels for negative x (eager's GELU is 100% off at x = -5.5
+// and 2% at -4: 1 + erf has erf's absolute error); the square is taken from x, as
+// x / sqrt 2 rounded is ~1e-7 off (2 ulps of exp(-x^2 / 2) per unit of x^2). Where eager's
+// 1 + erf is exactly 0 (erfc below 2^-25, x below -5.54), so is ours: GELU's tail is -0.0.
+PI_INLINE float pi_cdf2(float x) {
+  const float ax = std::fabs(x);
+  const float xc = ax > 5.65685425f ? 5.65685425f : ax;  // |x| / sqrt 2 <= 4; NaN stays
+  const float h = xc * xc;
+  float c = pi_erfc_core(xc * 0.70710678118654752f, 0.5f * h, 0.5f * pi_sq_lo(xc, h));
+  c = c <= 0x1p-25f ? 0.0f : c;
+  return x > 0.0f ? 2.0f - c : c;
 }
 // GELU as eager computes it: x * (1 + erf(x / sqrt 2)) * 0.5 (so x above FLT_MAX / 2
 // overflows to inf and the far negative tail is -0.0). For float32 and bfloat16 eager runs
@@ -230,7 +286,7 @@ PI_INLINE float pi_erf(float x) {
 // onednn: eager's oneDNN GELU (float32/bfloat16, more than one element): NaN at +inf, and
 // x (1 + erf) overflows before the halving near the float max; else ATen's, halved first
 PI_INLINE float pi_gelu(float x, bool onednn) {
-  const float e = 1.0f + pi_erf(x * 0.70710678118654752f);
+  const float e = pi_cdf2(x);
   return onednn ? (x == INFINITY ? NAN : x * e * 0.5f) : (x * 0.5f) * e;
 }
 // tanh GELU as eager computes it, 0.5 x (1 + tanh(inner)), where 1 + tanh(inner) is
