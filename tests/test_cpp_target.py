@@ -301,6 +301,16 @@ def test_long_row_sums_in_vector_lanes(dtype, built, tol):
                        for line in src.splitlines())
 
 
+def test_long_row_sum_of_a_select_on_a_bool_input(built):
+    """A sum over a long row of ``where(mask, 0, x)`` with ``mask`` a bool input: GCC 12
+    miscompiled it with 64 unrolled lanes (fuzz seed 50047, a gradient of amin), which is
+    why LONG_VECTOR_LANES is 16. Row lengths with and without a remainder of the lanes."""
+    def fn(mask, x):
+        return torch.where(mask, 0.0, x).sum(-1)
+    for rows, cols in ((1, 1024), (3, 1152), (2, 4101)):
+        check(fn, torch.rand(rows, cols) > 0.5, rand(rows, cols), built=built)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_short_static_row_sums_in_vector_lanes(dtype, built, tol):
     """Float sums over a short static row add VECTOR_LANES columns at a time and combine the

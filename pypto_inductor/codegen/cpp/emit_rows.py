@@ -32,9 +32,12 @@ LANES_MIN_COLUMNS = 1024
 # vector adds (RowEmitter.vector_lanes). GCC 12 ends an `omp simd reduction` with a scalar
 # add per vector lane (16 dependent vaddss per accumulator, per SUM_BLOCK): on a 1024-column
 # row from L1 a pass took 122 ns that way and 36 ns with 64 named lanes (docs/benchmarks.md).
-# Rows of fewer than LANES_MIN_COLUMNS static columns take 16 lanes, longer ones 64.
+# Rows of fewer than LANES_MIN_COLUMNS static columns take VECTOR_LANES lanes, longer ones
+# LONG_VECTOR_LANES: 64 measured faster, but GCC 12 miscompiles 64 unrolled lanes of a
+# select on a bool input (`where(mask, 0, x).sum()`: wrong sums at 1024+ columns, fuzz
+# seed 50047; test_long_row_sum_of_a_select_on_a_bool_input), so long rows take 16 too.
 VECTOR_LANES = 16
-LONG_VECTOR_LANES = 64
+LONG_VECTOR_LANES = 16
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double, a two-level cascade like eager's: the vectorised fast path's accumulators
 # (REDUCTION_LANES x the vector's lanes) each take a few dozen terms, so the error stays
