@@ -154,6 +154,16 @@ PI_INLINE void pi_rnd_f16_n(float* __restrict__ p, int64_t n) {
 }
 
 // math
+// exp(r) for the reduced argument r in [-ln2/2, ln2/2]: pi_exp_core's and pi_erfc_core's
+PI_INLINE float pi_exp_poly(float r) {
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * (r * r) + r + 1.0f;
+}
 // exp as 2^n * P(r), 2^n applied as two factors so n reaches the denormals: x below
 // ln(FLT_MIN) (-87.34) gives a denormal as eager does (only those lanes pay for denormal
 // arithmetic). Below -104 the result is 0 and the lane computes exp(0) instead: masked
@@ -163,13 +173,7 @@ PI_INLINE float pi_exp_core(float x) {
   xc = xc > 88.7228394f ? 88.7228394f : xc;
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  const float p = pi_exp_poly(r);
   const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   return p * pi_f((uint32_t)(n1 + 127) << 23) * pi_f((uint32_t)(n2 + 127) << 23);
 }
@@ -247,14 +251,7 @@ PI_INLINE float pi_erfc_core(float a, float h, float l) {
   // exp(-h) for h in [0, 16]: pi_exp_core's reduction and polynomial, 2^n one factor
   const float n = (h * -1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = -h - n * 0.693359375f + n * 2.12194440e-4f;
-  float e = 1.9875691500e-4f;
-  e = e * r + 1.3981999507e-3f;
-  e = e * r + 8.3334519073e-3f;
-  e = e * r + 4.1665795894e-2f;
-  e = e * r + 1.6666665459e-1f;
-  e = e * r + 5.0000001201e-1f;
-  e = e * (r * r) + r + 1.0f;
-  return e * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l) * (t * p);
+  return pi_exp_poly(r) * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l) * (t * p);
 }
 // erf to ~1 ulp (eager's Sleef erf 0.6): below 1 a polynomial, above 1 - erfc(|x|), which
 // rounds to exactly 1 past 3.92 as eager's does. Both halves run and one is selected, so
