@@ -21,6 +21,7 @@ import sys
 
 import sympy
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from .codegen.cpp import alloc
 from .ir import ValueRef
@@ -322,11 +323,7 @@ def _fix_outputs(fixed: dict, outs, launch) -> None:
         if s is None or shape is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
             continue
         sizes = tuple(int(resolve_static(d)) for d in shape)
-        strides, n = [], 1
-        for d in reversed(sizes):
-            strides.append(n)
-            n *= max(d, 1)
-        fixed[s] = (sizes, tuple(reversed(strides)), 0, dt)
+        fixed[s] = (sizes, make_contiguous_strides_for(sizes), 0, dt)
 
 
 def _fix_products(fixed: dict, outs, step, graph, aliased, launch) -> None:
@@ -342,11 +339,7 @@ def _fix_products(fixed: dict, outs, step, graph, aliased, launch) -> None:
         if any(is_symbolic(sympy.sympify(d)) for d in spec.shape):
             continue
         sizes = tuple(int(resolve_static(d)) for d in spec.shape)
-        strides, n = [], 1
-        for d in reversed(sizes):
-            strides.append(n)
-            n *= max(d, 1)
-        fixed[s] = (sizes, tuple(reversed(strides)), 0, spec.dtype)
+        fixed[s] = (sizes, make_contiguous_strides_for(sizes), 0, spec.dtype)
 
 
 def _fixed_view(base: tuple, fns) -> tuple | None:

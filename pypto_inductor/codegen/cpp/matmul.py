@@ -406,8 +406,8 @@ class GemmCall:
     def source(self, k: str, ins: list[str], outs: list[str], size, linear: bool = False,
                fresh: tuple = ()) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
-        ``size(expr)`` prints a size expression. ``linear``: the last input is the weight
-        the right operand transposes (wrapper._linear_weights): ``linear(x, w[, bias])``;
+        ``size(expr)`` prints a size expression. ``linear``: the right operand is the transpose
+        of a weight (wrapper._linear_weights): ``linear(x, w[, bias])`` on the weight;
         ``fresh``: outputs that may be written as ``reinterpret`` (bound by the caller) of
         the product where :meth:`fresh` and their shape is static."""
         if linear:  # matmul(x, wT) -> linear(x, w); addmm(b, x, wT) -> linear(x, w, b)
