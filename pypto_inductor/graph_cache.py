@@ -30,7 +30,6 @@ import io
 import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -139,22 +138,12 @@ def load(k: str) -> FusionPlan | None:
 
 
 def save(k: str, plan: FusionPlan) -> None:
-    """Atomic: a temporary file in the cache directory, then os.replace; a plan that does
-    not pickle (a higher-order op's subgraph, say) is not stored."""
+    """Atomic (plan_cache.write_atomic); a plan that does not pickle (a higher-order op's
+    subgraph, say) is not stored."""
     try:
         buf = io.BytesIO()
         _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((FORMAT, plan))
-        path = cache_dir() / f"{k}.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=k[:16], suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's users
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        plan_cache.write_atomic(cache_dir() / f"{k}.pkl", buf.getvalue())
         stats["stored"] += 1
     except Exception:  # noqa: BLE001 - not storable or a read-only cache: compiled anyway
         stats["bypassed"] += 1

@@ -149,21 +149,25 @@ def _entry(result: FusionPlan) -> dict:
 
 
 def write(path: Path, result: FusionPlan) -> None:
-    """Atomic: a temporary file in the cache directory, then os.replace."""
     try:
-        entry = _entry(result)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem[:16], suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f)
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's users
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, json.dumps(_entry(result)).encode())
     except (OSError, TypeError, ValueError):  # a read-only or full cache, a value JSON does
         pass  # not hold: the plan is still good, just not kept
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """A temporary file in the cache directory, then os.replace: concurrent writers of
+    one key write the same bytes, a reader sees a whole entry or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem[:16], suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's users
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _rebuild(entry: dict, graph: TileGraph, hw, cfg) -> FusionPlan | None:
