@@ -140,6 +140,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     # of kernels the generated code allocates (fresh, contiguous) and views of them
     fixed: dict[int, tuple] = {}
     aliased = _returned_views(graph, program) if REINTERPRET_VIEWS else None
+    spec_of = {s: graph.specs.get(n) for n, s in graph_slots(graph, program)}
     if aliased is not None:
         code.bound["reinterpret"] = reinterpret_tensor
     first_step = len(out)
@@ -172,9 +173,15 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                         code.bound["threads"] = torch.get_num_threads
                         out.insert(first_step, "    nthreads = threads()")
                     reuse = _take_dead(outs, static, dead, reused)
+                    if small and alloc.empty_strided_cpu is not None:
+                        code.bound.setdefault("empty_strided", alloc.empty_strided_cpu)
+                    direct = {launch.getters[j][1]: small[s] for j, s in enumerate(outs)
+                              if s in small and j not in reuse}
                     out += launch.source(k, [names[s] for s in ins], defs, code.size, empty,
                                          lin, {launch.getters[j][1]: v
-                                               for j, v in reuse.items()}, fresh)
+                                               for j, v in reuse.items()}, fresh, direct,
+                                         _epilogue_key(code, k, launch, ins, names, fresh, fixed,
+                                                       known, spec_of) if SHORT_KEYS else None)
                     _fix_outputs(fixed, outs, launch)
                     if reuse:
                         out.append(f"    del {', '.join(reuse.values())}")
@@ -193,7 +200,9 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 direct = {j: small[s] for j, s in enumerate(outs)
                           if s in small and j not in reuse}
                 out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
-                                     [s in known for s in ins], direct)
+                                     [s in known for s in ins], direct,
+                                     _layout_key(code, ins, names, launch.shapes, fixed, known,
+                                                 spec_of) if SHORT_KEYS else None)
                 known.update(s for s in outs if s is not None)
                 _fix_outputs(fixed, outs, launch)
                 if reuse:
@@ -365,6 +374,67 @@ def _fixed_view(base: tuple, fns) -> tuple | None:
     return tuple(v.shape), tuple(v.stride()), v.storage_offset(), dt
 
 
+def _epilogue_key(code: GraphCode, k: str, launch, ins, names, fresh, fixed, known,
+                  spec_of) -> str | None:
+    """_layout_key of a GEMM tile's native epilogue (matmul.EpilogueCall, named ``k``):
+    its feeds are tile inputs (reshaped onto its domain: their layouts follow the
+    input's and the domain's symbols) and the GEMM's product (``{k}_r``, or its reshape
+    ``{k}_f<j>``: its strides, unless a static reinterpret of a fresh product)."""
+    slots, parts = [], []
+    shapes = [*launch.native.shapes, launch.T]
+    for s in ins:
+        spec = spec_of.get(s)
+        if spec is None or not hasattr(spec, "shape"):
+            return None
+        shapes.append(spec.shape)  # the product's shape follows the GEMM's inputs'
+    for j, (i, dims) in enumerate(launch.feeds):
+        if dims is not None:
+            shapes.append(dims)
+        if i >= 0:
+            slots.append(ins[i])
+        elif dims is None:
+            parts.append(f"{k}_r.stride()")
+        elif not (fresh and all(not is_symbolic(sympy.sympify(d)) for d in dims)):
+            parts.append(f"{k}_f{j}.stride()")
+    return _layout_key(code, slots, names, shapes, fixed, known, spec_of, parts)
+
+
+def _layout_key(code: GraphCode, ins, names, shapes, fixed, known, spec_of,
+                parts=()) -> str | None:
+    """The source of a native kernel's layout key (launcher.Launch.source): what its
+    metadata (its inputs' sizes and strides, its outputs' shapes) depends on. An input
+    whose layout is known at compile time (``fixed``) adds nothing; one whose strides
+    the size symbols fix (``known``) adds all of them; any other its strides and the
+    symbols of its shape; the outputs their shapes' symbols. So a kernel of static shapes
+    keeps its entry while a decode step's cache length (a size symbol) grows, and a
+    kernel reading only compile-time layouts looks up a constant key. None: the default
+    key (an input without a spec)."""
+    used: set = set()
+    parts, every = list(parts), False
+    for s in ins:
+        if s in fixed:
+            continue
+        if s in known:
+            every = True
+            continue
+        spec = spec_of.get(s)
+        if spec is None or not hasattr(spec, "shape"):
+            return None
+        parts.append(f"{names[s]}.stride()")
+        used.update(*(sympy.sympify(d).free_symbols for d in spec.shape))
+    for shape in shapes:
+        used.update(*(sympy.sympify(d).free_symbols for d in shape))
+    if every or any(x not in code.rename for x in used):
+        head = ["syms"]
+    else:
+        head = [code.size(x) for x in sorted(used, key=lambda x: str(code.rename[x]))]
+    if not parts and not head:
+        return "0"
+    if not parts and head == ["syms"]:
+        return "syms"
+    return f"({''.join(p + ', ' for p in head + parts)})"
+
+
 def _take_dead(outs, static, dead, reused) -> dict[int, str]:
     """output index -> a dead buffer (its variable) of the output's shape and dtype that
     the kernel writes into (static_reuse)."""
@@ -381,6 +451,8 @@ COLLAPSE_VIEWS = True  # the benchmark turns it off to compile the "before" form
 LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weights)
 LINEAR_ANY_POSITION = True  # likewise: ... wherever the tile's inputs list the transpose
 REUSE_AFTER_TORCH_CALLS = True  # likewise: static_reuse through GEMM / extern readers
+SMALL_EPILOGUE_OUTPUTS = True  # likewise: small_outputs of GEMM tiles' native epilogues
+SHORT_KEYS = True  # likewise: native layout keys of what the entry depends on (_layout_key)
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
@@ -446,18 +518,20 @@ SMALL_OUTPUT_BYTES = 64 << 10
 
 
 def small_outputs(program, kernels, pool_empty) -> dict[int, tuple]:
-    """Outputs of kernels called inline (launcher.Launch) with a static shape of at most
-    SMALL_OUTPUT_BYTES: slot -> (sizes, contiguous strides), written into the generated
-    code's allocation (Inductor's ``empty_strided_cpu``); pooled or returned alike."""
+    """Outputs of kernels called inline (launcher.Launch, and the native epilogue of a
+    GEMM tile: matmul.EpilogueCall) with a static shape of at most SMALL_OUTPUT_BYTES:
+    slot -> (sizes, contiguous strides), written into the generated code's allocation
+    (Inductor's ``empty_strided_cpu``); pooled or returned alike."""
     if alloc.empty_strided_cpu is None:
         return {}
     small = {}
     for kind, name, fn, ins, outs, step in program:
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-        if launch is None or getattr(launch, "gemm", False):
+        if launch is None or getattr(launch, "gemm", False) and (
+                getattr(launch, "native", None) is None or not SMALL_EPILOGUE_OUTPUTS):
             continue
-        for s, shape, dt in zip(outs, launch.shapes, launch.dtypes):
-            if s is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
+        for s, (shape, dt) in zip(outs, _fresh_outputs(launch)):  # a GEMM's: its epilogue's
+            if s is None or shape is None or any(is_symbolic(sympy.sympify(d)) for d in shape):
                 continue
             sizes = tuple(int(resolve_static(d)) for d in shape)
             if math.prod(sizes) * dt.itemsize <= SMALL_OUTPUT_BYTES:

@@ -10,8 +10,10 @@ graph's generated code (``wrapper.py``), which calls the kernel inline.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import dataclasses
+import functools
 from typing import Callable
 
 import torch
@@ -66,6 +68,10 @@ def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None =
     return "\n".join(lines) + "\n"
 
 
+ARRAY_META = True  # the benchmark's "before" turns it off: ctypes arrays for the extension too
+assert array.array("q").itemsize == 8
+
+
 def native_kernel(fn, program: Program) -> Kernel:
     """The tile's Kernel calling the compiled function ``fn`` of ``program``."""
     # No argtypes: the arguments are ctypes arrays and an int already, and ctypes' per-call
@@ -84,22 +90,32 @@ def native_kernel(fn, program: Program) -> Kernel:
         raise error_class(check.error)(check.message)
 
     Ptrs = ctypes.c_void_p * max(n_in + len(shapes), 1)
-    Meta = ctypes.c_int64 * max(sum(2 * len(s.shape) for s in program.input_specs), 1)
-    Syms = ctypes.c_int64 * max(len(program.symbols), 1)
     call = native_call.extension_call()
-    # how the call takes the arrays: by address (the extension) or as they are (ctypes)
-    ref = ctypes.addressof if call is not None else (lambda array: array)
+    if call is not None and ARRAY_META:
+        # the extension takes the arrays' addresses: array.array's, made in well under a
+        # microsecond where a ctypes array of 48 values takes 15 (a layout miss: each new
+        # cache length of a decode step, for a kernel whose shapes hold it)
+        def Meta(*values):
+            return array.array("q", values or (0,))
+        Syms = Meta
+
+        def ref(a):
+            return a.buffer_info()[0]
+    else:  # ctypes arrays: ctypes takes them as they are, the extension by address
+        Meta = ctypes.c_int64 * max(sum(2 * len(s.shape) for s in program.input_specs), 1)
+        Syms = ctypes.c_int64 * max(len(program.symbols), 1)
+        ref = ctypes.addressof if call is not None else (lambda a: a)
 
     # (syms, input strides) -> (metadata, syms, output shapes..., the arrays kept alive);
     # input shapes are functions of the size symbols, so strides and syms identify them
     layouts: dict = {}
 
-    def layout(inputs: list, syms: tuple, key: tuple | None = None) -> tuple:
+    def layout(inputs: list, syms: tuple, key: tuple | None = None, into: dict = layouts) -> tuple:
         arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
         entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
-        if len(layouts) >= 256:
-            layouts.pop(next(iter(layouts)))
-        layouts[key or (syms, *[t.stride() for t in inputs])] = entry
+        if len(into) >= 256:
+            into.pop(next(iter(into)))
+        into[(syms, *[t.stride() for t in inputs]) if key is None else key] = entry
         return entry
 
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
@@ -112,7 +128,11 @@ def native_kernel(fn, program: Program) -> Kernel:
          scope)
     launch = None
     if call is not None and not program.writes:
-        launch = Launch(layouts, layout, call, scope["address"], tuple(dtypes), alloc.empty,
+        # the graph code's entries, under its own keys (Launch.source): they do not hold
+        # the symbols' array (the call gets the symbols' tuple)
+        inline: dict = {}
+        launch = Launch(inline, functools.partial(layout, into=inline), call, scope["address"],
+                        tuple(dtypes), alloc.empty,
                         tuple(tuple(spec.shape) for _, spec in program.outputs),
                         raise_index_error if checks else None)
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
@@ -126,8 +146,8 @@ class Launch:
     inline (wrapper.py): the same statements as :func:`wrapper_source` writes for the
     extension, without the wrapper's frame, its input list and its result list."""
 
-    layouts: dict  # (syms, input strides...) -> (meta address, syms address, out shapes...)
-    layout: Callable  # layout(inputs, syms): makes and caches the entry on a miss
+    layouts: dict  # the generated code's key -> (meta address, syms address, out shapes...)
+    layout: Callable  # layout(inputs, syms, key): makes and caches the entry on a miss
     call: Callable  # native_call's extension function
     address: int  # the compiled function's address
     dtypes: tuple  # the outputs' dtypes
@@ -139,7 +159,7 @@ class Launch:
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
                reuse: dict[int, str] | None = None, known: list[bool] | None = None,
-               direct: dict[int, tuple] | None = None) -> list[str]:
+               direct: dict[int, tuple] | None = None, key: str | None = None) -> list[str]:
         """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
         and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
         ``reuse``: output index -> a dead buffer of its shape and dtype to write into;
@@ -147,10 +167,14 @@ class Launch:
         kernel's output, or a view of one): None stands for them in the layout key (the
         wrapper's own keys never hold None, so the two never collide); ``direct``: output
         index -> (sizes, strides) of a small static output allocated with them written out
-        (``empty_strided``, bound by the caller: wrapper.small_outputs), as is the status."""
+        (``empty_strided``, bound by the caller: wrapper.small_outputs), as is the status;
+        ``key``: the layout key's source, what the entry depends on (wrapper._layout_key;
+        by default the size symbols and the strides of the inputs not ``known``). The
+        kernel gets the symbols' tuple, not the entry's array."""
         reuse, known, direct = reuse or {}, known or [False] * len(ins), dict(direct or {})
-        key = ", ".join(["syms", *("None" if kn else f"{i}.stride()"
-                                   for i, kn in zip(ins, known))])
+        if key is None:
+            key = "(" + ", ".join(["syms", *("None" if kn else f"{i}.stride()"
+                                             for i, kn in zip(ins, known))]) + ",)"
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
         check = []
         if self.index_error is not None:
@@ -160,16 +184,17 @@ class Launch:
             outs = [*outs, "_"]
             check = [f"    if {k}_status.item():",
                      f"        {k}_index_error({k}_status.item())"]
-        return [f"    key = ({key},)",
-                f"    meta = {k}_layouts.get(key)",
+        const = key.isidentifier() or key.isdigit()  # no need for a variable
+        return [*([] if const else [f"    key = {key}"]),
+                f"    meta = {k}_layouts.get({key if const else 'key'})",
                 "    if meta is None:",
-                f"        meta = {k}_layout([{', '.join(ins)}], syms, key)",
+                f"        meta = {k}_layout([{', '.join(ins)}], syms, {key if const else 'key'})",
                 *(f"    {o} = {reuse[j]}" if j in reuse else
                   f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
                   if j in direct else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
-                "meta[0], meta[1], nthreads)",
+                "meta[0], syms, nthreads)",
                 *check,
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
                   if "_" in outs else [])]

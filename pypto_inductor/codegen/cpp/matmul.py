@@ -464,11 +464,14 @@ class EpilogueCall:
 
     def source(self, k: str, ins: list[str], outs: list[str], size, empty: str,
                linear: bool = False, reuse: dict[int, str] | None = None,
-               fresh: bool = False) -> list[str]:
+               fresh: bool = False, direct: dict[int, tuple] | None = None,
+               key: str | None = None) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
         allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
         ``linear`` as in :meth:`GemmCall.source`; ``reuse``: epilogue output index -> a
-        dead buffer to write it into (wrapper.static_reuse)."""
+        dead buffer to write it into (wrapper.static_reuse); ``direct``: epilogue output
+        index -> (sizes, strides) of a small static output, ``key`` the epilogue's layout
+        key (launcher.Launch.source)."""
         def shape(dims):
             return f"({''.join(size(d) + ', ' for d in dims)})"
 
@@ -484,7 +487,8 @@ class EpilogueCall:
             feeds.append(f"{k}_f{j}")
             temps.append(f"{k}_f{j}")
         results = [f"{k}_e{j}" for j in range(len(self.native.dtypes))]
-        lines += self.native.source(f"{k}e", feeds, results, empty, reuse)
+        lines += self.native.source(f"{k}e", feeds, results, empty, reuse, direct=direct,
+                                    key=key)
         temps += results
         for o, (kind, idx, dims) in zip(outs, self.getters):
             if o == "_":

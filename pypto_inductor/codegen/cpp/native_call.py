@@ -2,8 +2,10 @@
 
 Through ctypes, filling the pointer array and converting the arguments cost a
 noticeable part of a small kernel's call (docs/runtime_overhead.md). The extension's ``call(fn, tensors, meta, syms, nt)`` takes the
-kernel's address, a tuple of tensors (inputs then outputs) and the addresses of
-the metadata arrays, reads each data pointer with the function torch exports for
+kernel's address, a tuple of tensors (inputs then outputs), the address of the
+metadata array and the size symbols (an array's address, or the graph code's tuple of
+their values: then a layout entry does not depend on symbols the kernel's shapes do
+not hold), reads each data pointer with the function torch exports for
 Inductor's own kernel bindings
 (``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``, no torch
 headers needed) and runs the kernel with the GIL released. It is built once per
@@ -29,8 +31,10 @@ _SOURCE = r"""
 typedef void (*pi_kernel_t)(void* const*, const int64_t*, const int64_t*, int);
 static void* (*pi_data_ptr)(PyObject*) = nullptr;
 static const Py_ssize_t PI_MAX_TENSORS = 256;
+static const Py_ssize_t PI_MAX_SYMS = 64;
 
-// call(fn, tensors, meta, syms, nt): fn(data pointers of tensors, meta, syms, nt)
+// call(fn, tensors, meta, syms, nt): fn(data pointers of tensors, meta, syms, nt); syms is
+// an int64 array's address or a tuple of ints
 static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 5 || !PyTuple_CheckExact(args[1]) || pi_data_ptr == nullptr) {
     PyErr_SetString(PyExc_TypeError, "call(fn, tensors: tuple, meta, syms, nt)");
@@ -44,7 +48,19 @@ static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const auto fn = reinterpret_cast<pi_kernel_t>(PyLong_AsVoidPtr(args[0]));
   const auto meta = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[2]));
-  const auto syms = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  // the size symbols: an array's address, or the tuple of their values itself
+  int64_t values[PI_MAX_SYMS] = {0};
+  const int64_t* syms = values;
+  if (PyTuple_CheckExact(args[3])) {
+    const Py_ssize_t m = PyTuple_GET_SIZE(args[3]);
+    if (m > PI_MAX_SYMS) {
+      PyErr_SetString(PyExc_ValueError, "too many size symbols for one kernel call");
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < m; ++i) values[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[3], i));
+  } else {
+    syms = static_cast<const int64_t*>(PyLong_AsVoidPtr(args[3]));
+  }
   const int nt = static_cast<int>(PyLong_AsLong(args[4]));
   if (PyErr_Occurred()) return nullptr;
   void* ptrs[PI_MAX_TENSORS];
