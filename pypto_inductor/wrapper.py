@@ -46,6 +46,7 @@ class GraphCode:
     def __init__(self, symbols):
         self.lines: list[str] = []
         self.bound: dict[str, object] = {}  # name -> object, bound as a default argument
+        self.constants: dict[tuple, str] = {}  # (prefix, tuple of ints) -> its name
         self.rename = {s: sympy.Symbol(f"sym{j}", integer=True) for j, s in enumerate(symbols)}
 
     def bind(self, prefix: str, obj) -> str:
@@ -54,6 +55,13 @@ class GraphCode:
                 return name
         name = f"{prefix}{len(self.bound)}"
         self.bound[name] = obj
+        return name
+
+    def constant(self, prefix: str, value: tuple) -> str:
+        """bind() for a tuple of ints, one name per value."""
+        name = self.constants.get((prefix, value))
+        if name is None:
+            name = self.constants[prefix, value] = self.bind(prefix, value)
         return name
 
     def size(self, expr) -> str:
@@ -144,11 +152,43 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     if aliased is not None:
         code.bound["reinterpret"] = reinterpret_tensor
     first_step = len(out)
-    for (kind, name, fn, ins, outs, step), (free, recycle) in zip(program, free_after):
+    # views of compile-time layouts not made until a reader needs the tensor: a native
+    # kernel reads them as their root buffer and a byte offset (FOLD_VIEWS)
+    pending: dict[int, tuple] = {}  # view slot -> (root slot, its layout)
+    hold: dict[int, int] = {}  # root slot -> the last step reading a pending view of it
+    postponed: set[int] = set()  # roots whose del waits for their pending views' readers
+    last_read: dict[int, int] = {}
+    for i, (_, _, _, ins_, _, _) in enumerate(program):
+        for s in ins_:
+            last_read[s] = i
+    for tail, (base, _, _, _) in chains.items():  # a chain's tail reads its base
+        last_read[base] = max(last_read.get(base, -1), order[tail])
+
+    deferred_views: set[int] = set()  # views left pending ...
+    made_views: set[int] = set()  # ... and those a reader made later
+
+    def make(s):  # a pending view, made now (a reader needs the tensor)
+        made_views.add(s)
+        root, lay = pending.pop(s)
+        out.append(f"    {names[s]} = reinterpret({names[root]}, {lay[0]}, {lay[1]}, "
+                   f"{lay[2] - fixed[root][2]})")
+
+    def defer(s, base, lay):  # a view of a compile-time layout, left pending
+        root = pending[base][0] if base in pending else base
+        pending[s] = (root, lay)
+        deferred_views.add(s)
+        hold[root] = max(hold.get(root, -1), last_read.get(s, -1))
+
+    for i, ((kind, name, fn, ins, outs, step), (free, recycle)) in enumerate(
+            zip(program, free_after)):
         args = ", ".join(names[s] for s in ins)
         defs = [names[s] if s is not None else "_" for s in outs]
+        launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        if kind != "view" and (launch is None or getattr(launch, "gemm", False)):
+            for s in dict.fromkeys(ins):
+                if s in pending:
+                    make(s)
         if kind == "kernel":
-            launch = getattr(kernels.get(name), "launch", None)
             if profile:
                 t = code.bind("times", timings.setdefault(name, []))
                 out.append("    start = perf_counter()")
@@ -199,10 +239,20 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     code.bound.setdefault("empty_strided", alloc.empty_strided_cpu)
                 direct = {j: small[s] for j, s in enumerate(outs)
                           if s in small and j not in reuse}
-                out += launch.source(k, [names[s] for s in ins], defs, empty, reuse,
+                offsets = [0] * (len(ins) + len(launch.dtypes))
+                for j, s in enumerate(ins):  # a pending view: its root, from its offset
+                    if s in pending:
+                        root, lay = pending[s]
+                        offsets[j] = (lay[2] - fixed[root][2]) * lay[3].itemsize
+                out += launch.source(k, [names[pending[s][0]] if s in pending else names[s]
+                                         for s in ins], defs, empty, reuse,
                                      [s in known for s in ins], direct,
                                      _layout_key(code, ins, names, launch.shapes, fixed, known,
-                                                 spec_of) if SHORT_KEYS else None)
+                                                 spec_of) if SHORT_KEYS else None,
+                                     {j: code.constant("lay", (*fixed[s][0], *fixed[s][1]))
+                                      for j, s in enumerate(ins) if s in fixed and SHORT_KEYS},
+                                     code.constant("offs", tuple(offsets)) if any(offsets)
+                                     else None)
                 known.update(s for s in outs if s is not None)
                 _fix_outputs(fixed, outs, launch)
                 if reuse:
@@ -228,9 +278,14 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                    and outs[0] not in aliased and not sized else None)
             if lay is not None:  # the chain's layout, known now
                 fixed[outs[0]] = lay
-                out.append(f"    {defs[0]} = reinterpret({b}, {lay[0]}, {lay[1]}, "
-                           f"{lay[2] - fixed[base][2]})")
+                if FOLD_VIEWS:
+                    defer(outs[0], base, lay)
+                else:
+                    out.append(f"    {defs[0]} = reinterpret({b}, {lay[0]}, {lay[1]}, "
+                               f"{lay[2] - fixed[base][2]})")
             else:
+                if base in pending:
+                    make(base)
                 c = code.bind("chain", _ViewChain(fns))
                 fast = (f"reinterpret({b}, view[0], view[1], view[2])"
                         if aliased is not None and outs[0] not in aliased else
@@ -249,16 +304,24 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
             held = deferred.pop(outs[0], ([], []))
             free, recycle = held[0] + list(free), held[1] + list(recycle)
         elif kind == "view" and outs[0] in linear:  # the weight itself: see _linear_weights
+            if ins[0] in pending:
+                make(ins[0])
             out.append(f"    {defs[0]} = {args}")
         elif kind == "view":
             lay = (_fixed_view(fixed[ins[0]], [fn]) if aliased is not None
                    and not _has_refs(step.attrs)
                    and len(ins) == 1 and ins[0] in fixed and outs[0] not in aliased else None)
-            if lay is not None:  # the view's layout, known now: no view call per call
+            if lay is not None and FOLD_VIEWS:  # made when a reader needs the tensor
+                fixed[outs[0]] = lay
+                defer(outs[0], ins[0], lay)
+            elif lay is not None:  # the view's layout, known now: no view call per call
                 fixed[outs[0]] = lay
                 off = lay[2] - fixed[ins[0]][2]
                 out.append(f"    {defs[0]} = reinterpret({args}, {lay[0]}, {lay[1]}, {off})")
             else:
+                for s in dict.fromkeys(ins):
+                    if s in pending:
+                        make(s)
                 out.append(f"    {defs[0]} = {_view(code, step, fn, args)}")
             if ins and ins[0] in known:
                 known.add(outs[0])
@@ -272,6 +335,17 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     deferred.setdefault(last_tail[s], ([], []))[j].append(s)
         free = [s for s in free if s not in interior and not (
             s in last_tail and last_tail[s] not in made)]
+        for s in free:  # a root outlives its pending views' readers
+            if hold.get(s, -1) > i:
+                postponed.add(s)
+        free = [s for s in free if s not in postponed]
+        for s in free:
+            pending.pop(s, None)  # dead: no reader will make it
+        free = [s for s in free if s not in deferred_views or s in made_views]
+        for s in sorted(postponed):
+            if hold[s] <= i:
+                postponed.discard(s)
+                free.append(s)
         recycle = [s for s in recycle if not (s in last_tail and last_tail[s] not in made)]
         if free:  # first: a dead view still holds its base's storage
             out.append(f"    del {', '.join(names[s] for s in free)}")
@@ -452,7 +526,8 @@ LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weig
 LINEAR_ANY_POSITION = True  # likewise: ... wherever the tile's inputs list the transpose
 REUSE_AFTER_TORCH_CALLS = True  # likewise: static_reuse through GEMM / extern readers
 SMALL_EPILOGUE_OUTPUTS = True  # likewise: small_outputs of GEMM tiles' native epilogues
-SHORT_KEYS = True  # likewise: native layout keys of what the entry depends on (_layout_key)
+SHORT_KEYS = True
+FOLD_VIEWS = True  # likewise: views of compile-time layouts read by native kernels as offsets  # likewise: native layout keys of what the entry depends on (_layout_key)
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 

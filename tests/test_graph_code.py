@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pypto_inductor import wrapper
 from pypto_inductor.report import collect
 
 
@@ -32,8 +33,11 @@ def test_view_chains_are_one_as_strided():
     out, source = _compiled(heads, x, w)
     torch.testing.assert_close(out, heads(x, w))
     # one call per chain: its layout found at compile time (a base of known layout:
-    # reinterpret with it written out) or cached per base layout
-    assert "reinterpret(" in source or ".as_strided(" in source, source
+    # reinterpret with it written out, or no call at all where only native kernels read
+    # it: their base and a byte offset) or cached per base layout
+    assert "reinterpret(" in source or ".as_strided(" in source \
+        or re.search(r"nthreads, offs\d+\)", source), source
+    assert ".permute(" not in source and ".narrow(" not in source, source
     # called again: the chain's layout is taken from its cache, the same result
     x2 = torch.randn(2, 5, 6)
     torch.testing.assert_close(torch.compile(heads, backend="pypto")(x2, w), heads(x2, w))
@@ -201,9 +205,12 @@ def views_of_kernel_outputs(x, w):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_views_of_kernel_outputs_are_reinterpreted(dynamic):
+def test_views_of_kernel_outputs_are_reinterpreted(dynamic, monkeypatch):
     # wrapper.REINTERPRET_VIEWS: a view of a static kernel output is Inductor's
-    # reinterpret_tensor with the sizes, strides and offset written out
+    # reinterpret_tensor with the sizes, strides and offset written out (where a reader
+    # needs the tensor: wrapper.FOLD_VIEWS, off here, passes it to native kernels as its
+    # base and an offset: test_views_read_by_native_kernels_are_offsets)
+    monkeypatch.setattr(wrapper, "FOLD_VIEWS", False)
     x, w = torch.randn(128, 16), torch.randn(32, 8)
     out, source = _compiled(views_of_kernel_outputs, x, w, dynamic=dynamic)
     for got, want in zip(out, views_of_kernel_outputs(x, w)):
@@ -225,7 +232,8 @@ def linear_heads(x, w, b):
     return torch.tanh(y.reshape(4, 8, 2, 16).transpose(1, 2)) * 2, torch.exp(y[:, :4])
 
 
-def test_views_of_gemm_products_are_reinterpreted():
+def test_views_of_gemm_products_are_reinterpreted(monkeypatch):
+    monkeypatch.setattr(wrapper, "FOLD_VIEWS", False)
     x, w, b = torch.randn(32, 16), torch.randn(32, 16), torch.randn(32)
     out, source = _compiled(linear_heads, x, w, b)
     for got, want in zip(out, linear_heads(x, w, b)):
@@ -235,4 +243,34 @@ def test_views_of_gemm_products_are_reinterpreted():
     for _ in range(3):
         x = torch.randn(32, 16)
         for got, want in zip(compiled(x, w, b), linear_heads(x, w, b)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def views_for_two_readers(x, w, w2):
+    y = torch.exp(x @ w)  # 2 x 5 x 24: q, k, v column blocks at offsets 0, 8 and 16
+    q, k, v = y.split(8, dim=-1)
+    a = torch.tanh(q) + torch.sigmoid(k) * v  # a native kernel: q, k and v as offsets
+    return a, k.reshape(10, 8) @ w2  # the reshape (a copy) needs k itself: made there
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_views_read_by_native_kernels_are_offsets(fold, monkeypatch):
+    # wrapper.FOLD_VIEWS: a view of a compile-time layout read only by native kernels is
+    # never made: each kernel gets its base and the view's byte offset (the kernel's
+    # metadata holds the view's sizes and strides); a view another reader needs (a GEMM)
+    # is made just before that reader, and the base lives until the last reader
+    monkeypatch.setattr(wrapper, "FOLD_VIEWS", fold)
+    x, w, w2 = torch.randn(2, 5, 6), torch.randn(6, 24), torch.randn(8, 3)
+    out, source = _compiled(views_for_two_readers, x, w, w2)
+    for got, want in zip(out, views_for_two_readers(x, w, w2)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if fold:
+        offsets = re.findall(r"^offs\d+ = ", source, re.M) or re.findall(r"nthreads, offs\d+\)",
+                                                                          source)
+        assert offsets, source
+        assert source.count("reinterpret(") <= 2, source  # k (for the reshape), not q and v
+    compiled = torch.compile(views_for_two_readers, backend="pypto")
+    for _ in range(3):
+        x = torch.randn(2, 5, 6)
+        for got, want in zip(compiled(x, w, w2), views_for_two_readers(x, w, w2)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

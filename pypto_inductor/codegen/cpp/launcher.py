@@ -111,7 +111,10 @@ def native_kernel(fn, program: Program) -> Kernel:
     layouts: dict = {}
 
     def layout(inputs: list, syms: tuple, key: tuple | None = None, into: dict = layouts) -> tuple:
-        arrays = (Meta(*[v for t in inputs for v in (*t.shape, *t.stride())]), Syms(*syms))
+        values = []
+        for t in inputs:  # a tensor, or its sizes and strides known at compile time
+            values += t if type(t) is tuple else (*t.shape, *t.stride())
+        arrays = (Meta(*values), Syms(*syms))
         entry = (ref(arrays[0]), ref(arrays[1]), *[tuple(f(syms)) for f in shapes], arrays)
         if len(into) >= 256:
             into.pop(next(iter(into)))
@@ -159,7 +162,9 @@ class Launch:
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
                reuse: dict[int, str] | None = None, known: list[bool] | None = None,
-               direct: dict[int, tuple] | None = None, key: str | None = None) -> list[str]:
+               direct: dict[int, tuple] | None = None, key: str | None = None,
+               fixed: dict[int, str] | None = None,
+               offsets: str | None = None) -> list[str]:
         """Lines calling the kernel; ``k`` prefixes the names bound for it (``{k}_layouts``
         and so on: :meth:`bindings`), ``outs`` name its outputs (``_`` for unused);
         ``reuse``: output index -> a dead buffer of its shape and dtype to write into;
@@ -170,8 +175,12 @@ class Launch:
         (``empty_strided``, bound by the caller: wrapper.small_outputs), as is the status;
         ``key``: the layout key's source, what the entry depends on (wrapper._layout_key;
         by default the size symbols and the strides of the inputs not ``known``). The
-        kernel gets the symbols' tuple, not the entry's array."""
+        kernel gets the symbols' tuple, not the entry's array; ``fixed``: input index ->
+        the name of its sizes + strides (a tuple known at compile time), what a miss reads
+        instead of the tensor's; ``offsets``: the name of a tuple of byte offsets, one per
+        tensor (inputs, outputs, status), where an input is a view passed as its base."""
         reuse, known, direct = reuse or {}, known or [False] * len(ins), dict(direct or {})
+        fixed = fixed or {}
         if key is None:
             key = "(" + ", ".join(["syms", *("None" if kn else f"{i}.stride()"
                                              for i, kn in zip(ins, known))]) + ",)"
@@ -188,13 +197,14 @@ class Launch:
         return [*([] if const else [f"    key = {key}"]),
                 f"    meta = {k}_layouts.get({key if const else 'key'})",
                 "    if meta is None:",
-                f"        meta = {k}_layout([{', '.join(ins)}], syms, {key if const else 'key'})",
+                f"        meta = {k}_layout([{', '.join(fixed.get(j, i) for j, i in enumerate(ins))}], "
+                f"syms, {key if const else 'key'})",
                 *(f"    {o} = {reuse[j]}" if j in reuse else
                   f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
                   if j in direct else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
                 f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
-                "meta[0], syms, nthreads)",
+                f"meta[0], syms, nthreads{'' if offsets is None else ', ' + offsets})",
                 *check,
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
                   if "_" in outs else [])]

@@ -33,15 +33,21 @@ static void* (*pi_data_ptr)(PyObject*) = nullptr;
 static const Py_ssize_t PI_MAX_TENSORS = 256;
 static const Py_ssize_t PI_MAX_SYMS = 64;
 
-// call(fn, tensors, meta, syms, nt): fn(data pointers of tensors, meta, syms, nt); syms is
-// an int64 array's address or a tuple of ints
+// call(fn, tensors, meta, syms, nt[, offsets]): fn(data pointers of tensors, meta, syms, nt);
+// syms is an int64 array's address or a tuple of ints; offsets (bytes) move the pointers
 static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyTuple_CheckExact(args[1]) || pi_data_ptr == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "call(fn, tensors: tuple, meta, syms, nt)");
+  if ((nargs != 5 && nargs != 6) || !PyTuple_CheckExact(args[1]) || pi_data_ptr == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "call(fn, tensors: tuple, meta, syms, nt[, offsets])");
     return nullptr;
   }
   PyObject* tensors = args[1];
   const Py_ssize_t n = PyTuple_GET_SIZE(tensors);
+  // per tensor, bytes to add to its data pointer: a view passed as its base
+  PyObject* offsets = nargs == 6 ? args[5] : nullptr;
+  if (offsets != nullptr && (!PyTuple_CheckExact(offsets) || PyTuple_GET_SIZE(offsets) != n)) {
+    PyErr_SetString(PyExc_TypeError, "offsets: a tuple of one int per tensor");
+    return nullptr;
+  }
   if (n > PI_MAX_TENSORS) {
     PyErr_SetString(PyExc_ValueError, "too many tensors for one kernel call");
     return nullptr;
@@ -65,6 +71,11 @@ static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (PyErr_Occurred()) return nullptr;
   void* ptrs[PI_MAX_TENSORS];
   for (Py_ssize_t i = 0; i < n; ++i) ptrs[i] = pi_data_ptr(PyTuple_GET_ITEM(tensors, i));
+  if (offsets != nullptr) {
+    for (Py_ssize_t i = 0; i < n; ++i)
+      ptrs[i] = static_cast<char*>(ptrs[i]) + PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, i));
+    if (PyErr_Occurred()) return nullptr;
+  }
   Py_BEGIN_ALLOW_THREADS
   fn(ptrs, meta, syms, nt);
   Py_END_ALLOW_THREADS
