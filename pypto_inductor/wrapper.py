@@ -173,10 +173,14 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         out.append(f"    {names[s]} = reinterpret({names[root]}, {lay[0]}, {lay[1]}, "
                    f"{lay[2] - fixed[root][2]})")
 
+    returned = {slot[o] for o in outputs if isinstance(o, str) and o in slot}
+
     def defer(s, base, lay):  # a view of a compile-time layout, left pending
         root = pending[base][0] if base in pending else base
         pending[s] = (root, lay)
         deferred_views.add(s)
+        if s in returned:  # made now: its root may die before the return
+            make(s)
         hold[root] = max(hold.get(root, -1), last_read.get(s, -1))
 
     for i, ((kind, name, fn, ins, outs, step), (free, recycle)) in enumerate(
@@ -318,6 +322,10 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 fixed[outs[0]] = lay
                 off = lay[2] - fixed[ins[0]][2]
                 out.append(f"    {defs[0]} = reinterpret({args}, {lay[0]}, {lay[1]}, {off})")
+            elif aliased is not None and outs[0] not in aliased and len(ins) == 1 \
+                    and step.op == "view" and ins[0] not in pending \
+                    and _same_spec(spec_of.get(ins[0]), spec_of.get(outs[0])):
+                out.append(f"    {defs[0]} = {args}")  # a reshape to its own shape
             else:
                 for s in dict.fromkeys(ins):
                     if s in pending:
@@ -388,12 +396,40 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
 # of, keeps the real view call (AOTAutograd regenerates aliased outputs from their base).
 reinterpret_tensor = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)
 REINTERPRET_VIEWS = reinterpret_tensor is not None  # the benchmark's "before" turns it off
+RETURNED_REINTERPRET = True  # likewise: a returned view of an intermediate (_returned_views)
 
 
 def _returned_views(graph, program) -> set[int]:
-    """View slots that are returned or that a returned value is (a view of) a view of."""
+    """View slots that are returned or that a returned value is (a view of) a view of.
+
+    Except (RETURNED_REINTERPRET) a returned view of a graph intermediate that nothing else
+    returned shares (not the intermediate, no other view of it), as Inductor returns its
+    reinterpret_tensor: AOTAutograd regenerates an output from its base only where the
+    base is a graph input or an output too, or both require grad (then it makes the base an
+    output), and the graph's other values are dead when it returns."""
     slots = dict(graph_slots(graph, program))
-    out = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
+    returned = [slots[o] for o in graph.outputs if isinstance(o, str) and o in slots]
+    base = {outs[0]: ins for kind, _, _, ins, outs, _ in program
+            if kind == "view" and outs and outs[0] is not None}
+
+    def chain(s):
+        seen = [s]
+        while seen[-1] in base and len(base[seen[-1]]) == 1:
+            seen.append(base[seen[-1]][0])
+        return seen
+
+    chains = [chain(s) for s in returned]
+    roots = [c[-1] for c in chains]
+    first = len(graph.inputs) + len(graph.constants)  # slots of values the graph computes
+    out = set(returned)
+    for s, c in zip(returned, chains):
+        r = c[-1]
+        if RETURNED_REINTERPRET and s != r and r >= first and r not in base \
+                and r not in returned and roots.count(r) == 1 and all(
+                    len(base.get(v, ())) == 1 for v in c[:-1]):
+            out.discard(s)
+            continue
+        out.update(c)
     for kind, name, fn, ins, outs, step in reversed(program):
         if kind == "view" and outs and outs[0] in out:
             out.update(ins)
@@ -507,6 +543,13 @@ def _layout_key(code: GraphCode, ins, names, shapes, fixed, known, spec_of,
     if not parts and head == ["syms"]:
         return "syms"
     return f"({''.join(p + ', ' for p in head + parts)})"
+
+
+def _same_spec(a, b) -> bool:
+    """Whether two values' specs have the same shape and dtype (a reshape from one to the
+    other is the tensor itself to any reader but an aliasing check)."""
+    return a is not None and b is not None and hasattr(a, "shape") and hasattr(b, "shape") \
+        and a.dtype == b.dtype and len(a.shape) == len(b.shape) and same_shape(a.shape, b.shape)
 
 
 def _take_dead(outs, static, dead, reused) -> dict[int, str]:

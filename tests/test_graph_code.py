@@ -211,6 +211,7 @@ def test_views_of_kernel_outputs_are_reinterpreted(dynamic, monkeypatch):
     # needs the tensor: wrapper.FOLD_VIEWS, off here, passes it to native kernels as its
     # base and an offset: test_views_read_by_native_kernels_are_offsets)
     monkeypatch.setattr(wrapper, "FOLD_VIEWS", False)
+    monkeypatch.setattr(wrapper, "RETURNED_REINTERPRET", False)  # see the test below
     x, w = torch.randn(128, 16), torch.randn(32, 8)
     out, source = _compiled(views_of_kernel_outputs, x, w, dynamic=dynamic)
     for got, want in zip(out, views_of_kernel_outputs(x, w)):
@@ -274,3 +275,28 @@ def test_views_read_by_native_kernels_are_offsets(fold, monkeypatch):
         x = torch.randn(2, 5, 6)
         for got, want in zip(compiled(x, w, w2), views_for_two_readers(x, w, w2)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def returned_views(x):
+    a = torch.exp(x) * 2
+    b = torch.sin(x)
+    return a.narrow(0, 1, 2).t(), b, b[1:]  # a is returned by no one; b is
+
+
+def test_returned_views_of_intermediates_are_reinterpreted():
+    # wrapper.RETURNED_REINTERPRET: a returned view of an intermediate nothing else returned
+    # shares is Inductor's reinterpret_tensor (AOTAutograd regenerates no such output); a
+    # view of a returned value stays a view of it
+    x = torch.randn(8, 16)
+    out, source = _compiled(returned_views, x)
+    for got, want in zip(out, returned_views(x)):
+        torch.testing.assert_close(got, want)
+    assert re.search(r"reinterpret\(buf\d+, \(16, 2\)", source), source  # a's view
+    compiled = torch.compile(returned_views, backend="pypto")
+    for _ in range(2):
+        x = torch.randn(8, 16)
+        got = compiled(x)
+        for g, e in zip(got, returned_views(x)):
+            torch.testing.assert_close(g, e)
+        assert got[2]._base is got[1] or got[2].untyped_storage().data_ptr() == \
+            got[1].untyped_storage().data_ptr()
