@@ -69,6 +69,9 @@ ROW_STAGE = 8192
 # (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
 # RMSNorm output loop was slower split: docs/benchmarks.md).
 SPLIT_ROUNDINGS = True
+# Reduction kernels over constant rows print the row's bounds as constants (one row per work
+# item), so GCC unrolls short rows' loops (switch: the benchmark's "before")
+STATIC_BOUNDS = True
 
 class RowEmitter:
     def __init__(self, p):
@@ -215,7 +218,7 @@ class RowEmitter:
             w(f"   for (int64_t cb = cc0; cb < cc1; cb += {BLOCK_COLS})")
             w("   for (int64_t r = rb0; r < rb1; ++r) {")
             w(f"    const int64_t c0 = cb, c1 = std::min<int64_t>(cb + {BLOCK_COLS}, cc1);")
-        elif p.reduction and self.static_cols() is not None:
+        elif p.reduction and STATIC_BOUNDS and self.static_cols() is not None:
             # one row per work item (NCH = 1), its bounds constants: GCC unrolls a short
             # row's loops and drops their tails (bias + residual + LayerNorm, 512 x 64,
             # one thread: 16.2 -> 12.4 us, Inductor's 12.1; docs/benchmarks.md, k16k)
@@ -641,7 +644,7 @@ class RowEmitter:
         for x in reductions:
             self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         cols = self.static_cols()
-        if cols is not None and cols <= SUM_BLOCK:  # at most SUM_BLOCK / n trips: unrolled
+        if STATIC_BOUNDS and cols is not None and cols <= SUM_BLOCK:  # <= SUM_BLOCK / n trips
             self.w(f"      #pragma GCC unroll {SUM_BLOCK // n}")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
         for l in range(n):
