@@ -72,6 +72,9 @@ SPLIT_ROUNDINGS = True
 # Reduction kernels over constant rows print the row's bounds as constants (one row per work
 # item), so GCC unrolls short rows' loops (switch: the benchmark's "before")
 STATIC_BOUNDS = True
+# ... and unroll the vector_lanes loop of rows up to UNROLL_TRIPS x its lanes columns (the
+# body is n copies of the summed value's column code: a long row's would bloat the kernel)
+UNROLL_TRIPS = 8
 
 class RowEmitter:
     def __init__(self, p):
@@ -644,8 +647,8 @@ class RowEmitter:
         for x in reductions:
             self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         cols = self.static_cols()
-        if STATIC_BOUNDS and cols is not None and cols <= SUM_BLOCK:  # <= SUM_BLOCK / n trips
-            self.w(f"      #pragma GCC unroll {SUM_BLOCK // n}")
+        if STATIC_BOUNDS and cols is not None and cols <= UNROLL_TRIPS * n:  # a short row
+            self.w(f"      #pragma GCC unroll {UNROLL_TRIPS}")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
         for l in range(n):
             self.w(f"       {{ const int64_t c = {lo} + q * {n} + {l};")
