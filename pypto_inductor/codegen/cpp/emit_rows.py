@@ -69,6 +69,12 @@ ROW_STAGE = 8192
 # (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
 # RMSNorm output loop was slower split: docs/benchmarks.md).
 SPLIT_ROUNDINGS = True
+# Reduction kernels over constant rows print the row's bounds as constants (one row per work
+# item), so GCC unrolls short rows' loops (switch: the benchmark's "before")
+STATIC_BOUNDS = True
+# ... and unroll the vector_lanes loop of rows up to UNROLL_TRIPS x its lanes columns (the
+# body is n copies of the summed value's column code: a long row's would bloat the kernel)
+UNROLL_TRIPS = 8
 
 class RowEmitter:
     def __init__(self, p):
@@ -215,6 +221,11 @@ class RowEmitter:
             w(f"   for (int64_t cb = cc0; cb < cc1; cb += {BLOCK_COLS})")
             w("   for (int64_t r = rb0; r < rb1; ++r) {")
             w(f"    const int64_t c0 = cb, c1 = std::min<int64_t>(cb + {BLOCK_COLS}, cc1);")
+        elif p.reduction and STATIC_BOUNDS and self.static_cols() is not None:
+            # one row per work item (NCH = 1), its bounds constants: GCC unrolls a short
+            # row's loops and drops their tails (bias + residual + LayerNorm, 512 x 64,
+            # one thread: 16.2 -> 12.4 us, Inductor's 12.1; docs/benchmarks.md, k16k)
+            w(f"    const int64_t r = wi; constexpr int64_t c0 = 0, c1 = {self.static_cols()};")
         else:
             w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
         w("    (void)c0; (void)c1;")
@@ -240,6 +251,11 @@ class RowEmitter:
         w("  }")
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    def static_cols(self) -> int | None:
+        """The row length when it is a constant, else None."""
+        cols = sympy.Mul(*self.p.shape[self.outer:])
+        return int(cols) if cols.is_Integer else None
 
     # --- frames ---------------------------------------------------------------------
     def frame_rows(self, k: int) -> tuple:
@@ -630,6 +646,9 @@ class RowEmitter:
         self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
         for x in reductions:
             self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
+        cols = self.static_cols()
+        if STATIC_BOUNDS and cols is not None and cols <= UNROLL_TRIPS * n:  # a short row
+            self.w(f"      #pragma GCC unroll {UNROLL_TRIPS}")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
         for l in range(n):
             self.w(f"       {{ const int64_t c = {lo} + q * {n} + {l};")
