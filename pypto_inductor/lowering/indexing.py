@@ -32,6 +32,7 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 # Tile ops writing at data-dependent positions: each runs as a kernel of its own.
 STANDALONE_OPS = frozenset({"scatter", "scatter_add", "scatter_reduce", "index_put",
                             "slice_scatter"})
+ONE_HOT_SCATTER = True  # see _one_hot_scatter; the benchmarks' switch for the "before" form
 
 
 def _index(ctx, name, what: str) -> str:
@@ -285,7 +286,7 @@ def lower_scatter(ctx, x, dim, index, src, *, reduce=None):
     ndim = len(ctx.spec(x).shape)
     dim = int(dim) % max(ndim, 1)
     src = _scalar_or_name(ctx, src)
-    if reduce is None:
+    if reduce is None and ONE_HOT_SCATTER:
         one_hot = _one_hot_scatter(ctx, x, dim, _index(ctx, index, "scatter"), src)
         if one_hot is not None:
             return one_hot
