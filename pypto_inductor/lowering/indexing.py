@@ -15,7 +15,8 @@ indices are read from memory (the planner does not fuse their producers into it)
 Writes at data-dependent positions (``scatter``, ``scatter_add``,
 ``scatter_reduce``, ``index_put``, strided ``slice_scatter``) are tile ops that
 never share a kernel (:data:`STANDALONE_OPS`): every value of their result may
-depend on every element of the source.
+depend on every element of the source. The exception is a scatter one element wide
+along its dim (cross-entropy's backward), an elementwise ``where`` (:func:`_one_hot_scatter`).
 """
 from __future__ import annotations
 
