@@ -121,8 +121,9 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 # call site -> (weak refs to w, b, mean, var, gamma, beta, their versions, input shape,
 # folded weight, folded bias, oneDNN's (unary, binary) ops or None). The tensors are
-# compared by identity through weak refs (a dead one gives None, never a match; nothing keeps a deleted model's
-# parameters alive), and an in-place update (load_state_dict, copy_) bumps the version.
+# compared by identity through weak refs (a dead one gives None, never a match; nothing
+# keeps a deleted model's parameters alive), and an in-place update (load_state_dict,
+# copy_) bumps the version.
 _FOLDED: dict[int, tuple] = {}
 
 
