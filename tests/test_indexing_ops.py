@@ -351,6 +351,41 @@ def test_scatters_run_as_their_own_tiles(case, dynamic):
     assert alone and all(len(k) == 1 for k in alone), tiles
 
 
+ONE_HOT = {  # an index one element wide along the scattered dim: where(arange == index, ...)
+    "value into zeros": lambda x, i, s: torch.zeros_like(x).scatter(1, i, -1.0) * x.exp(),
+    "src along dim 0": lambda x, i, s: x.t().scatter(0, i.t(), s.t()).t(),
+    "int value into int": lambda x, i, s: (x * 4).int().scatter(1, i, 7) + 1,
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_HOT))
+def test_one_hot_scatter_fuses_natively(case):
+    """Cross-entropy's backward scatters one value per row: elementwise, no scatter tile."""
+    torch.manual_seed(9)
+    x, s, index = torch.randn(6, 5), torch.randn(6, 1), torch.randint(0, 5, (6, 1))
+    out, ref, tiles = compile_run(ONE_HOT[case], x, index, s)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert not [k for k, _, _ in tiles if "scatter" in k], tiles
+    assert all(n["native"] for _, n, _ in tiles), tiles
+
+
+def test_one_hot_scatter_out_of_range_raises():
+    torch._dynamo.reset()
+    f = torch.compile(ONE_HOT["value into zeros"], backend="pypto")
+    with pytest.raises((IndexError, RuntimeError), match="out of range"):
+        f(torch.randn(6, 5), torch.full((6, 1), 5), None)
+
+
+def test_cross_entropy_backward_has_no_scatter_tile():
+    torch.manual_seed(10)
+    target = torch.tensor([0, 2, -100, 1])
+    out, ref, tiles = compile_run(
+        lambda x, t: F.cross_entropy(x, t), torch.randn(4, 3), target, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert not [k for k, _, _ in tiles if "scatter" in k], tiles
+    assert all(n["native"] for _, n, _ in tiles), tiles
+
+
 def test_gather_backward_accumulates_duplicates():
     torch.manual_seed(7)
     index = torch.tensor([[0, 0, 1], [2, 2, 2]])

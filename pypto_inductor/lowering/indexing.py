@@ -15,7 +15,8 @@ indices are read from memory (the planner does not fuse their producers into it)
 Writes at data-dependent positions (``scatter``, ``scatter_add``,
 ``scatter_reduce``, ``index_put``, strided ``slice_scatter``) are tile ops that
 never share a kernel (:data:`STANDALONE_OPS`): every value of their result may
-depend on every element of the source.
+depend on every element of the source. The exception is a scatter one element wide
+along its dim (cross-entropy's backward), an elementwise ``where`` (:func:`_one_hot_scatter`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ INDEX_DTYPES = (torch.int64, torch.int32)
 # Tile ops writing at data-dependent positions: each runs as a kernel of its own.
 STANDALONE_OPS = frozenset({"scatter", "scatter_add", "scatter_reduce", "index_put",
                             "slice_scatter"})
+ONE_HOT_SCATTER = True  # see _one_hot_scatter; the benchmarks' switch for the "before" form
 
 
 def _index(ctx, name, what: str) -> str:
@@ -246,12 +248,50 @@ def _scalar_or_name(ctx, v):
     return ctx.scalar_constants.get(v, v) if isinstance(v, str) else v
 
 
+def _one_hot_scatter(ctx, x, dim: int, index: str, src):
+    """``scatter(x, dim, index, src)`` whose index is one element wide along ``dim`` and
+    spans x on every other dim (cross-entropy's backward: ``scatter(zeros, 1, target, -1)``)
+    as ``where(arange == index, src, x)``: elementwise, so it fuses with the ``full`` before
+    it and the softmax gradient after it instead of running as a kernel of its own. The
+    index goes through a bounds-checked ``gather`` of the arange first, so an index out of
+    range raises as eager's scatter does. None when the scatter is not of that form."""
+    xs, ix = ctx.spec(x), ctx.spec(index)
+    ndim = len(xs.shape)
+    if ndim == 0 or len(ix.shape) != ndim or ix.shape[dim] != 1 or xs.shape[dim] == 1 \
+            or any(ix.shape[d] != xs.shape[d] for d in range(ndim) if d != dim):
+        return None
+    n = xs.shape[dim]
+    if not n.is_number:
+        return None
+    if isinstance(src, str):
+        if ctx.spec(src).shape != ix.shape or ctx.spec(src).dtype != xs.dtype:
+            return None  # a larger src is read only at the index's positions
+    elif isinstance(src, float) and not xs.dtype.is_floating_point:
+        return None  # the value's conversion to an integer x: left to ATen
+    elif not isinstance(src, (bool, int, float)):
+        return None
+    ar = ctx.emit("arange", OpKind.ELEMENTWISE, (), out=ctx.new_spec((int(n),), torch.int64),
+                  start=0, end=int(n), step=1, dtype=torch.int64)
+    checked = ctx.emit("gather", OpKind.BROADCAST, (ar, index),
+                       out=ctx.new_spec(ix.shape, torch.int64), source_dims=(-1,),
+                       index_dims=(tuple(range(ndim)),), wrap=False, check="scatter")
+    iota_shape = tuple(int(n) if d == dim else 1 for d in range(ndim))
+    iota = ctx.emit("view", OpKind.LAYOUT, (ar,), out=ctx.new_spec(iota_shape, torch.int64),
+                    shape=iota_shape)
+    hit = ctx.pointwise("eq", (iota, checked), out=ctx.new_spec(xs.shape, torch.bool))
+    return ctx.pointwise("where", (hit, src, x))
+
+
 @register_lowering(aten.scatter)
 def lower_scatter(ctx, x, dim, index, src, *, reduce=None):
     ndim = len(ctx.spec(x).shape)
     dim = int(dim) % max(ndim, 1)
-    return ctx.emit("scatter", OpKind.BROADCAST,
-                    (x, _index(ctx, index, "scatter"), _scalar_or_name(ctx, src)),
+    src = _scalar_or_name(ctx, src)
+    if reduce is None and ONE_HOT_SCATTER:
+        one_hot = _one_hot_scatter(ctx, x, dim, _index(ctx, index, "scatter"), src)
+        if one_hot is not None:
+            return one_hot
+    return ctx.emit("scatter", OpKind.BROADCAST, (x, _index(ctx, index, "scatter"), src),
                     dim=dim, reduce=reduce)
 
 
