@@ -569,8 +569,8 @@ LINEAR_WEIGHTS = True  # likewise: F.linear on a transposed weight (_linear_weig
 LINEAR_ANY_POSITION = True  # likewise: ... wherever the tile's inputs list the transpose
 REUSE_AFTER_TORCH_CALLS = True  # likewise: static_reuse through GEMM / extern readers
 SMALL_EPILOGUE_OUTPUTS = True  # likewise: small_outputs of GEMM tiles' native epilogues
-SHORT_KEYS = True
-FOLD_VIEWS = True  # likewise: views of compile-time layouts read by native kernels as offsets  # likewise: native layout keys of what the entry depends on (_layout_key)
+SHORT_KEYS = True  # likewise: native layout keys of what the entry depends on (_layout_key)
+FOLD_VIEWS = True  # likewise: views of compile-time layouts read by native kernels as offsets
 _MIN_CHAIN = 3  # views in a chain worth one as_strided call (its key costs about a view)
 
 
