@@ -18,7 +18,7 @@ generic strided one.
 from __future__ import annotations
 
 from .emit_rows import PARALLEL_MIN, RowEmitter
-from .ops import conv, ctype, expression, identity, load, store
+from .ops import conv, ctype, expression, identity, load, store, sum_update
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
@@ -291,7 +291,9 @@ class ColumnEmitter(RowEmitter):
                 self.define(x, "        ", col=True, path=path)
             for x in reds:
                 v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
-                for line in self.update(x, v, f"({v} != {v})"):
+                lines = [sum_update(x, f"acc{x.id}[j]", v, self.var)] \
+                    if x.attrs["red"] == "sum" else self.update(x, v, f"({v} != {v})")
+                for line in lines:
                     w(f"        {line}")
             for k, x, spec in outs:
                 w(f"        so{k}[j] = {self.var(x)};" if k in staged_outs else
@@ -342,7 +344,7 @@ class ColumnEmitter(RowEmitter):
         for x in reds:
             v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
             if x.attrs["red"] == "sum":
-                w(f"        sa{x.id} += {v};")
+                w(f"        {sum_update(x, f'sa{x.id}', v, self.var)}")
                 continue
             cmp = ">" if x.attrs["red"] == "max" else "<"
             w(f"        sa{x.id} = ({v} {cmp} sa{x.id}) ? {v} : sa{x.id};")
