@@ -39,7 +39,7 @@ from . import config as _config
 from .fusion import plan_cache
 from .fusion.planner import FusionPlan
 
-FORMAT = 1
+FORMAT = 2  # 2: TileOp.group (fma within one ATen op call)
 stats = {"hits": 0, "misses": 0, "stored": 0, "rejected": 0, "bypassed": 0}
 
 

@@ -81,6 +81,9 @@ class TileOp:
     out: TensorSpec
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = ""  # the ATen op it came from, for reports
+    # the one ATen op call it computes part of (codegen/cpp may fuse a mul and an add of one
+    # group into an fma, as that op's own kernel does; never across groups)
+    group: str = ""
 
     @property
     def inputs(self) -> list[str]:

@@ -41,6 +41,23 @@ _LIFT = torch.ops.aten.lift_fresh_copy.default
 FORCED = "forced by fallback_ops"
 
 
+
+def fma_group(node: fx.Node) -> str:
+    """The ATen op call an FX node computes part of: the decomposed op's call (AOTAutograd's
+    ``original_aten`` with the call's autograd ``seq_nr``, or without autograd (seq_nr -1)
+    the user's call it was traced from, ``source_fn_stack``) for a node of a decomposition
+    (LayerNorm's mul and add, its backward's), else the node itself. Eager runs each call as
+    one kernel, which may fuse a multiply and an add; between two calls it rounds."""
+    orig, seq = node.meta.get("original_aten"), node.meta.get("seq_nr")
+    if orig is None or str(orig) == str(node.target):
+        return f"node:{node.name}"
+    if seq is not None and seq >= 0:
+        return f"{orig}#{seq}"
+    stack = node.meta.get("source_fn_stack")
+    if stack and isinstance(stack[-1], tuple):
+        return f"{orig}@{stack[-1][0]}"
+    return f"node:{node.name}"
+
 class GraphNotLowerable(Exception):
     """The whole graph must run eagerly (e.g. a size symbol we cannot bind)."""
 
@@ -109,7 +126,8 @@ class LoweringContext:
         name = name or self.fresh(self.node.name)
         self.graph.specs[name] = out
         self.graph.nodes.append(
-            TileOp(name, op, kind, tuple(args), out, attrs, op_name(self.node.target))
+            TileOp(name, op, kind, tuple(args), out, attrs, op_name(self.node.target),
+                   fma_group(self.node))
         )
         return name
 

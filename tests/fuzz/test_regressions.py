@@ -601,3 +601,46 @@ def test_division_by_gelu_of_special_values(target):
         assert (same(out, ref) | same(out, f64.float()) | (out.isfinite() & f64.isfinite()))[special].all()
         finite = ref.isfinite() & f64.isfinite() & out.isfinite()
         _no_farther_from_float64_than_eager(out[finite], ref[finite], f64[finite], f"x / gelu {shape}")
+
+
+def test_no_fused_multiply_add_across_ops():
+    """Seed 31858: the backward of x / x is g / x + (-g) * ((x / x) / x); eager rounds the
+    product before the add (0 wherever the two terms round alike), g++ contracted the
+    kernel's separate mul and add into one fma (-ffp-contract defaults to fast), which
+    kept the rounding residue in every element."""
+    def fn(x):
+        return x / x
+
+    compiled = _compile(fn, "cpu")
+    x = torch.randn(11, 64, 16, requires_grad=True)
+    g = torch.randn(11, 64, 16)
+    got = torch.autograd.grad(compiled(x), x, g)[0]
+    want = torch.autograd.grad(fn(x), x, g)[0]
+    assert_close(got, want, rtol=0, atol=0)
+    a, b, c = torch.randn(3, 4096)
+    mad = lambda a, b, c: a * b + c  # noqa: E731
+    assert_close(_compile(mad, "cpu")(a, b, c), mad(a, b, c), rtol=0, atol=0)
+
+
+def test_fma_only_within_one_aten_op(monkeypatch):
+    """Kernels build with -ffp-contract=off; the emitter writes an fma only for a mul and an
+    add of one ATen op call (LayerNorm's normalised x * weight + bias, its sum of squares),
+    as eager's kernel for that op fuses them, never for a user's mul feeding a user's add."""
+    from pypto_inductor.codegen import cpp
+
+    sources = []
+    real = cpp.generate_source
+    monkeypatch.setattr(cpp, "generate_source", lambda p: sources.append(real(p)) or sources[-1])
+    monkeypatch.setenv("PYPTO_INDUCTOR_GRAPH_CACHE", "0")
+    x, w, b, w2, b2 = torch.randn(8, 64), torch.randn(64), torch.randn(64), torch.randn(64), torch.randn(64)
+
+    def fmas(fn):
+        sources.clear()
+        assert_close(_compile(fn, "cpu")(x, w, b, w2, b2), fn(x, w, b, w2, b2))
+        return sum(line.count("PI_FMA(") for s in sources for line in s.splitlines()
+                   if line.lstrip().startswith(("const float v", "acc")))
+
+    ln = fmas(lambda x, w, b, w2, b2: F.layer_norm(x, (64,), w, b))
+    assert ln >= 2  # x_hat * w + b, and the sum of squares
+    assert fmas(lambda x, w, b, w2, b2: F.layer_norm(x, (64,), w, b) * w2 + b2) == ln
+    assert fmas(lambda x, w, b, w2, b2: x * w2 + b2) == 0

@@ -79,13 +79,15 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
         self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
         self.origin = ""  # the tile op being lowered (Node.origin)
+        self.group = ""  # its ATen op call (Node.group)
         self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
         self.copies: dict[str, str] = {}  # copy_ op -> the input it writes
         self.where_used: set[str] = set()  # gathers read where used (cpp_indexing)
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
-        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape, self.origin)
+        n = Node(len(self.nodes), kind, level, list(args), vdtype, attrs, shape, self.origin,
+                 self.group)
         self.nodes.append(n)
         return n
 
@@ -355,9 +357,9 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         """A deferred op (see :meth:`cat_part_ops`) at the current cat part's columns."""
         key = (name, self.shift, self.row_outer)
         if key not in self.part_env:
-            origin = self.origin
+            origin, group = self.origin, self.group
             self.part_env[key] = self.lower(self.ops[name])
-            self.origin = origin
+            self.origin, self.group = origin, group
         return self.part_env[key]
 
     def lower_cat(self, op: TileOp, ctx: tuple) -> Node:
@@ -505,6 +507,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
 
     def lower(self, op: TileOp) -> Node | None:
         self.origin = f"{op.name} ({op.op})"
+        self.group = op.group
         if op.op == "view":
             return self.lower_view(op)
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))

@@ -42,7 +42,7 @@ from ...hardware import usable_cpus
 # -O2 with O3's vectoriser cost model: the kernels' hot loops are `omp simd`, and against -O3
 # it compiles faster at equal kernel time (docs/benchmarks.md).
 BASE_FLAGS = ("-O2", "-fvect-cost-model=dynamic", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-              "-fno-math-errno", "-fno-trapping-math", "-w")
+              "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w")
 NATIVE_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 300
 

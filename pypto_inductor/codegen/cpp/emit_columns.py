@@ -18,16 +18,20 @@ generic strided one.
 from __future__ import annotations
 
 from .emit_rows import PARALLEL_MIN, RowEmitter
-from .ops import conv, ctype, expression, identity, load, store
+from .ops import conv, ctype, expression, identity, load, store, sum_update
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
 SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
 # A float sum adds SUM_BLOCK reduced elements into fp32 partial sums, then each partial into
-# a double total, a two-level cascade like eager's: one fp32 accumulator saturates over very
-# many rows, and 256-row blocks were 13x farther from float64 than eager on a cancelling
-# 496-row sum (fuzz seed 33342); 32 rows keep the error at or under eager's at no measurable
-# cost (docs/benchmarks.md, tests/test_sum_accuracy.py).
-SUM_BLOCK = 32
+# a double total: one fp32 accumulator saturates over very many rows, and 256-row blocks were
+# 13x farther from float64 than eager on a cancelling 496-row sum (fuzz seed 33342). Eager's
+# column sum (ATen's cascade_sum, vectorised over 4 x 8 columns) adds rows in runs of 16 from
+# row 0, then sums those partials in fp32 (level by level); 16 here gives the same partials,
+# totalled in double, so never less accurate (32 rows: 6x eager's error, fuzz seed 50261).
+# The narrow path (few kept elements) vectorises over the reduced elements, its lanes already
+# interleave the terms: SUM_BLOCK_NARROW keeps its vector loop long.
+SUM_BLOCK = 16
+SUM_BLOCK_NARROW = 32
 # Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
 # reduced elements inside: a vector loop over 4 elements per reduced one is slow
 # (docs/benchmarks.md).
@@ -199,6 +203,7 @@ class ColumnEmitter(RowEmitter):
         for x in reds:
             self.declare(x)
             self.block_loop([f"{self.total(x)}[j] = {identity(x)};"] +
+                            ([f"acc{x.id}[j] = 0;"] if self.wide(x) else []) +
                             ([f"nan{x.id}[j] = 0;"] if self.has_nan(x) else []))
 
     def update(self, x, v: str, nan: str) -> list[str]:
@@ -254,9 +259,9 @@ class ColumnEmitter(RowEmitter):
         wide = [x for x in reds if self.wide(x)]
         lo, hi = "c_lo", "c_hi"
         if wide:  # blocks of SUM_BLOCK reduced elements: fp32 partials, then double totals
-            w(f"    for (int64_t cb = c_lo; cb < c_hi; cb += {SUM_BLOCK}) {{")
-            w(f"    const int64_t ce = std::min<int64_t>(cb + {SUM_BLOCK}, c_hi);")
-            self.block_loop([f"acc{x.id}[j] = 0;" for x in wide])
+            w(f"    for (int64_t sb = fast && nr < {NARROW_ROWS} ? {SUM_BLOCK_NARROW} : {SUM_BLOCK}, "
+              "cb = c_lo; cb < c_hi; cb += sb) {")
+            w("    const int64_t ce = std::min<int64_t>(cb + sb, c_hi);")
             lo, hi = "cb", "ce"
         for path in ("narrow", "fast", "generic"):
             w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
@@ -286,7 +291,9 @@ class ColumnEmitter(RowEmitter):
                 self.define(x, "        ", col=True, path=path)
             for x in reds:
                 v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
-                for line in self.update(x, v, f"({v} != {v})"):
+                lines = [sum_update(x, f"acc{x.id}[j]", v, self.var)] \
+                    if x.attrs["red"] == "sum" else self.update(x, v, f"({v} != {v})")
+                for line in lines:
                     w(f"        {line}")
             for k, x, spec in outs:
                 w(f"        so{k}[j] = {self.var(x)};" if k in staged_outs else
@@ -298,7 +305,8 @@ class ColumnEmitter(RowEmitter):
             w("     }")
             w("    }")
         if wide:
-            self.block_loop([f"tot{x.id}[j] += acc{x.id}[j];" for x in wide])
+            # each block's partial into the total, the partial reset for the next block
+            self.block_loop([f"tot{x.id}[j] += acc{x.id}[j]; acc{x.id}[j] = 0;" for x in wide])
             w("    }")
 
     def offsets(self, ind: str) -> None:
@@ -336,7 +344,7 @@ class ColumnEmitter(RowEmitter):
         for x in reds:
             v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
             if x.attrs["red"] == "sum":
-                w(f"        sa{x.id} += {v};")
+                w(f"        {sum_update(x, f'sa{x.id}', v, self.var)}")
                 continue
             cmp = ">" if x.attrs["red"] == "max" else "<"
             w(f"        sa{x.id} = ({v} {cmp} sa{x.id}) ? {v} : sa{x.id};")

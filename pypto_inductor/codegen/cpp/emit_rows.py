@@ -16,7 +16,7 @@ import torch
 
 from .indexing import gather_address, index_prologue, iota
 from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
-                  identity, literal, load, number, size, store)
+                  identity, literal, load, mark_contractions, number, size, store, sum_update)
 from .prelude import PRELUDE
 from .program import dim_mult
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
@@ -79,6 +79,7 @@ UNROLL_TRIPS = 8
 class RowEmitter:
     def __init__(self, p):
         self.p = p
+        mark_contractions(p.nodes, p.outputs)
         self.n = len(p.shape)
         self.outer = self.n - p.m
         self.lines: list[str] = []
@@ -752,7 +753,7 @@ class RowEmitter:
                     v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
                     red, acc = x.attrs["red"], f"acc{x.id}{lane}"
                     if red == "sum":
-                        out.append(f"{acc} += {v};")
+                        out.append(sum_update(x, acc, v, self.var))
                         continue
                     cmp = ">" if red == "max" else "<"
                     out.append(f"{acc} = ({v} {cmp} {acc}) ? {v} : {acc};")

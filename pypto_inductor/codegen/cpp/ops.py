@@ -247,6 +247,88 @@ class EmitError(RuntimeError):
 current_op: list = [None]  # the tile op whose node is being written, for EmitError
 
 
+# Kernels build with -ffp-contract=off (compiler.py): g++ fused any a * b + c into one fma,
+# also a mul of one ATen op with the add of the next, where eager rounds the product between
+# its two kernels (fuzz seed 31858: the backward of x / x nonzero where eager's is 0). Eager's
+# kernels are built with contraction, so inside one op (LayerNorm's (x - mean) * rstd * w + b,
+# var's sum of squares, an op's backward) the multiply and add are one fma. The emitter
+# writes that fma itself, only between a mul and an add/sub/sum of one ATen op call
+# (Node.group), under GCC's own rule: the mul's every use an add, sub or sum in its loop.
+FMA_DTYPES = (torch.float32, torch.float64)
+
+
+def _is_mul(m) -> bool:
+    if m.kind == "op":
+        return m.attrs.get("op") == "mul" and m.dtype in FMA_DTYPES \
+            and m.attrs.get("common") == m.dtype
+    return m.kind == "expr" and m.attrs.get("fmt") in ("({0} * {1})", "({0} * {0})")
+
+
+def _dtype(x):
+    return x.dtype or torch.float32
+
+
+def mark_contractions(nodes, outputs) -> None:
+    """Set ``contract`` on each mul whose every use (among ``nodes``, none an output) is an
+    add/sub without alpha or a float sum, of the mul's group and loop level, in its dtype."""
+    users: dict[int, list] = {}
+    for x in nodes:
+        for a in x.args:
+            if hasattr(a, "id"):
+                users.setdefault(a.id, []).append(x)
+    stored = {x.id for x, _ in outputs}
+
+    def fusable(m, u) -> bool:
+        if u.group != m.group or _dtype(u) != _dtype(m):
+            return False
+        if u.kind == "reduce":  # accumulates in the summand's loop
+            return u.attrs.get("red") == "sum"
+        if u.level != m.level:
+            return False
+        return u.kind == "op" and u.attrs.get("op") in ("add", "sub") \
+            and u.attrs.get("alpha") is None and u.attrs.get("common") == _dtype(m)
+
+    for m in nodes:
+        m.contract = (bool(m.group) and _is_mul(m) and _dtype(m) in FMA_DTYPES
+                      and m.id not in stored and bool(users.get(m.id))
+                      and all(fusable(m, u) for u in users[m.id]))
+
+
+def _mul_args(m, var):
+    """A contracting mul's operands as C++ in its dtype, or None."""
+    if not hasattr(m, "id") or not m.contract:
+        return None
+    dt = _dtype(m)
+    if m.kind == "expr":
+        return [f"({'double' if dt == torch.float64 else 'float'}){var(a)}" for a in
+                (m.args * 2)[:2]]
+    return [conv(var(a), a.dtype, dt) if hasattr(a, "id") else literal(a.value, dt)
+            for a in m.args]
+
+
+def _fused_add(n, var):
+    """add/sub of a contracting mul as one fma (the first mul operand if both are), else None."""
+    muls = [(i, a) for i, a in enumerate(n.args) if _mul_args(a, var) is not None]
+    if not muls:
+        return None
+    i, m = min(muls, key=lambda im: im[1].id)  # g++ fused the mul defined first
+    a, b = _mul_args(m, var)
+    other = n.args[1 - i]
+    c = conv(var(other), other.dtype, _dtype(m)) if hasattr(other, "id") \
+        else literal(other.value, _dtype(m))
+    if n.attrs["op"] == "add":
+        return f"PI_FMA({a}, {b}, {c})"
+    return f"PI_FMA({a}, {b}, -({c}))" if i == 0 else f"PI_FMA(-({a}), {b}, {c})"
+
+
+def sum_update(x, acc: str, v: str, var) -> str:
+    """The statement adding summand v (x's operand) into accumulator acc of float sum x:
+    one fma when the operand is a contracting mul (see mark_contractions)."""
+    m = x.args[0]
+    args = _mul_args(m, var) if _dtype(m) == _dtype(x) else None
+    return f"{acc} = PI_FMA({args[0]}, {args[1]}, {acc});" if args else f"{acc} += {v};"
+
+
 def expression(n, var, rounded: bool = True) -> str:
     """The right-hand side computing node n (not reduce/load). With ``rounded=False`` a
     half-type value is left in float: for a value only stored, whose store rounds it the
@@ -280,7 +362,10 @@ def expression(n, var, rounded: bool = True) -> str:
         e = conv(var(a), a.dtype, n.dtype)
         # conv rounded to the dtype already (or the value has it): round once
         return e if e != var(a) or a.dtype == n.dtype else finalize(e, n.dtype)
-    e = OPS[n.attrs["op"]](args, n)
+    e = None
+    if n.attrs["op"] in ("add", "sub") and n.attrs.get("alpha") is None:
+        e = _fused_add(n, var)
+    e = e or OPS[n.attrs["op"]](args, n)
     fix = nan_sign(n)
     return fin(f"{fix}({e})" if fix else e, n.dtype)
 

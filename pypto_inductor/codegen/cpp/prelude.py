@@ -153,16 +153,24 @@ PI_INLINE void pi_rnd_f16_n(float* __restrict__ p, int64_t n) {
   for (; i < n; ++i) p[i] = rnd_f16(p[i]);
 }
 
+// a * b + c rounded once where the target has FMA (-march=native), else twice. Kernels
+// build with -ffp-contract=off (compiler.py): g++ fuses nothing by itself, so every fma
+// eager's own kernels make is written out, here and in ops.py.
+#if defined(__FMA__) || defined(__aarch64__)
+#define PI_FMA(a, b, c) std::fma(a, b, c)
+#else
+#define PI_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 // math
 // exp(r) for the reduced argument r in [-ln2/2, ln2/2]: pi_exp_core's and pi_erfc_core's
 PI_INLINE float pi_exp_poly(float r) {
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return p * (r * r) + r + 1.0f;
+  p = PI_FMA(p, r, 1.3981999507e-3f);
+  p = PI_FMA(p, r, 8.3334519073e-3f);
+  p = PI_FMA(p, r, 4.1665795894e-2f);
+  p = PI_FMA(p, r, 1.6666665459e-1f);
+  p = PI_FMA(p, r, 5.0000001201e-1f);
+  return PI_FMA(p, r * r, r) + 1.0f;
 }
 // exp as 2^n * P(r), 2^n applied as two factors so n reaches the denormals: x below
 // ln(FLT_MIN) (-87.34) gives a denormal as eager does (only those lanes pay for denormal
@@ -171,8 +179,8 @@ PI_INLINE float pi_exp_poly(float r) {
 PI_INLINE float pi_exp_core(float x) {
   float xc = x < -104.0f ? 0.0f : x;
   xc = xc > 88.7228394f ? 88.7228394f : xc;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  const float n = PI_FMA(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  const float r = PI_FMA(n, 2.12194440e-4f, PI_FMA(-n, 0.693359375f, xc));
   const float p = pi_exp_poly(r);
   const int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
   return p * pi_f((uint32_t)(n1 + 127) << 23) * pi_f((uint32_t)(n2 + 127) << 23);
@@ -192,8 +200,11 @@ PI_INLINE float pi_exp_d(float x) {
 }
 PI_INLINE float pi_tanh(float x) {
   const float a = std::fabs(x), s = x * x;
-  const float p = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s
-                   + 1.33314422036e-1f) * s - 3.33332819422e-1f) * s * a + a;
+  float p = PI_FMA(-5.70498872745e-3f, s, 2.06390887954e-2f);
+  p = PI_FMA(p, s, -5.37397155531e-2f);
+  p = PI_FMA(p, s, 1.33314422036e-1f);
+  p = PI_FMA(p, s, -3.33332819422e-1f);
+  p = PI_FMA(p * s, a, a);
   const float q = 1.0f - 2.0f / (pi_exp(a + a) + 1.0f);
   return std::copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
 }
@@ -204,12 +215,6 @@ PI_INLINE float pi_sigmoid(float x) {
   const float r = 1.0f / (1.0f + pi_exp_d(-x));
   return x != x ? -x : r;
 }
-// a * b + c rounded once where the target has FMA (-march=native), else twice
-#if defined(__FMA__) || defined(__aarch64__)
-#define PI_FMA(a, b, c) std::fma(a, b, c)
-#else
-#define PI_FMA(a, b, c) ((a) * (b) + (c))
-#endif
 // the rounding error of h = a * a (a * a = h + l exactly): exp(-a^2) for a up to 4 is a
 // few ulps only from the exact square (h alone is up to 1e-6 off: 16 ulps)
 PI_INLINE float pi_sq_lo(float a, float h) {
@@ -225,33 +230,40 @@ PI_INLINE float pi_sq_lo(float a, float h) {
 PI_INLINE float pi_erf_small(float a) {
   const float z = a * a;
   float y = 7.854219439e-05f;
-  y = y * z - 8.010310703e-04f;
-  y = y * z + 5.188342649e-03f;
-  y = y * z - 2.685382031e-02f;
-  y = y * z + 1.128358543e-01f;
-  y = y * z - 3.761262596e-01f;
-  y = y * z + 1.283791661e-01f;
+  y = PI_FMA(y, z, -8.010310703e-04f);
+  y = PI_FMA(y, z, 5.188342649e-03f);
+  y = PI_FMA(y, z, -2.685382031e-02f);
+  y = PI_FMA(y, z, 1.128358543e-01f);
+  y = PI_FMA(y, z, -3.761262596e-01f);
+  y = PI_FMA(y, z, 1.283791661e-01f);
   return PI_FMA(a, y, a);
 }
 // erfc(a) for a in [0, 4] (past 4 it is below the 2^-25 that 1 - erfc rounds away) as
 // exp(-a^2) R(a), R = erfc(a) exp(a^2) fitted as t P(t), t = 1 / (1 + a / 2), P of degree
 // 8 (our float64 least-squares fit, relative 1.2e-8; evaluated in float 3.4e-7); h + l = a^2
 // exactly (pi_sq_lo), and exp(-h - l) = exp(-h) (1 - l) as |l| < 1e-6
-PI_INLINE float pi_erfc_core(float a, float h, float l) {
-  const float t = 1.0f / (1.0f + 0.5f * a);
+PI_INLINE float pi_erfc_uv(float a, float h, float l, float* v) {
+  const float t = 1.0f / PI_FMA(0.5f, a, 1.0f);
   float p = -4.261611402e-02f;
-  p = p * t + 1.989218146e-01f;
-  p = p * t - 2.960256934e-01f;
-  p = p * t + 3.941052407e-02f;
-  p = p * t + 1.554371864e-01f;
-  p = p * t + 1.158571988e-01f;
-  p = p * t + 2.683685720e-01f;
-  p = p * t + 2.782761455e-01f;
-  p = p * t + 2.823703885e-01f;
+  p = PI_FMA(p, t, 1.989218146e-01f);
+  p = PI_FMA(p, t, -2.960256934e-01f);
+  p = PI_FMA(p, t, 3.941052407e-02f);
+  p = PI_FMA(p, t, 1.554371864e-01f);
+  p = PI_FMA(p, t, 1.158571988e-01f);
+  p = PI_FMA(p, t, 2.683685720e-01f);
+  p = PI_FMA(p, t, 2.782761455e-01f);
+  p = PI_FMA(p, t, 2.823703885e-01f);
   // exp(-h) for h in [0, 16]: pi_exp_core's reduction and polynomial, 2^n one factor
-  const float n = (h * -1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = -h - n * 0.693359375f + n * 2.12194440e-4f;
-  return pi_exp_poly(r) * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l) * (t * p);
+  const float n = PI_FMA(h, -1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  const float r = PI_FMA(n, 2.12194440e-4f, PI_FMA(-n, 0.693359375f, -h));
+  *v = t * p;
+  return pi_exp_poly(r) * pi_f((uint32_t)((int32_t)n + 127) << 23) * (1.0f - l);
+}
+// erfc(a) = u v (pi_erfc_uv); erf's 1 - u v is one fma
+PI_INLINE float pi_erfc_core(float a, float h, float l) {
+  float v;
+  const float u = pi_erfc_uv(a, h, l, &v);
+  return u * v;
 }
 // erf to ~1 ulp (eager's Sleef erf 0.6): below 1 a polynomial, above 1 - erfc(|x|), which
 // rounds to exactly 1 past 3.92 as eager's does. Both halves run and one is selected, so
@@ -260,7 +272,9 @@ PI_INLINE float pi_erf(float x) {
   const float a = std::fabs(x);
   const float c = a > 4.0f ? 4.0f : a;  // NaN passes and stays NaN
   const float h = c * c;
-  const float big = 1.0f - pi_erfc_core(c, h, pi_sq_lo(c, h));
+  float v;
+  const float u = pi_erfc_uv(c, h, pi_sq_lo(c, h), &v);
+  const float big = PI_FMA(-u, v, 1.0f);
   const float e = a < 1.0f ? pi_erf_small(a) : big;
   return std::copysign(e, x);  // odd: erf(-0.0) is -0.0
 }
@@ -290,7 +304,7 @@ PI_INLINE float pi_gelu(float x, bool onednn) {
 // 2 sigmoid(2 inner) rounded through tanh's value ((s - 1) + 1): one exp and one division,
 // and the tail where tanh rounds to -1 is exactly -0.0 as in eager.
 PI_INLINE float pi_gelu_tanh(float x) {
-  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  const float inner = 0.7978845608028654f * PI_FMA(0.044715f * x * x, x, x);
   const float s = 2.0f / (1.0f + pi_exp(-2.0f * inner));
   return (0.5f * x) * ((s - 1.0f) + 1.0f);
 }

@@ -40,6 +40,8 @@ class Node:
     attrs: dict
     shape: tuple | None = None
     origin: str = ""  # the tile op it computes, e.g. "add_3 (add)", for error messages
+    group: str = ""  # the ATen op call it is part of (TileOp.group): fma only within one
+    contract: bool = False  # a mul whose every use is an add/sub/sum of its group (ops.py)
 
 
 @dataclasses.dataclass(frozen=True)
