@@ -198,6 +198,34 @@ def test_integer_bitwise_extremes(name):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
+INT_EXTREMES = [0, 1, -1, 2, -2, 2**31 - 1, -2**31, 2**32, 2**62, -2**62, -2**63, 2**63 - 1,
+                -2**63 + 1, 12345, -7]
+INT_WRAP = {  # signed overflow must wrap as eager's does (fuzz seed 50171)
+    "abs_gt0": lambda a, b: torch.where(a.abs() > 0, a.abs(), ~a),
+    "neg_gt0": lambda a, b: (-a > 0) | (-a < a),
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "add_gt": lambda a, b: (a + b > a) ^ (b > 0), "mul_2_lt": lambda a, b: a * 2 < a,
+    "sum": lambda a, b: (a + b).sum(-1), "abs_sum": lambda a, b: a.abs().sum(0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("name", sorted(INT_WRAP))
+def test_integer_overflow_wraps_as_eager(name, dtype):
+    """Integer arithmetic at the extremes: g++ may fold a comparison by assuming signed
+    overflow never happens (``abs(x) > 0`` to ``x != 0``), eager wraps; the kernels are
+    built with -fwrapv. Every pair, at 17 and 67 columns (vector body and tail)."""
+    info = torch.iinfo(dtype)
+    v = torch.tensor([min(max(x, info.min), info.max) for x in INT_EXTREMES], dtype=dtype)
+    g = torch.Generator().manual_seed(12)
+    for n in (17, 67):
+        a = v[torch.randint(0, len(v), (len(v), n), generator=g)]
+        b = v[torch.randint(0, len(v), (len(v), n), generator=g)]
+        with torch.no_grad():
+            out, ref = _compile(INT_WRAP[name])(a, b), INT_WRAP[name](a, b)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, msg=f"{name} {dtype} n={n}")
+
+
 def test_sweep_covers_every_native_op(native_ops):
     """All cases in one graph (so fused, several ops per kernel), against eager; and every op
     of cpp_emit.OPS ran natively in it."""

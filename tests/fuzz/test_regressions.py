@@ -601,3 +601,19 @@ def test_division_by_gelu_of_special_values(target):
         assert (same(out, ref) | same(out, f64.float()) | (out.isfinite() & f64.isfinite()))[special].all()
         finite = ref.isfinite() & f64.isfinite() & out.isfinite()
         _no_farther_from_float64_than_eager(out[finite], ref[finite], f64[finite], f"x / gelu {shape}")
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_where_abs_positive_at_the_integer_min(dynamic, dtype):
+    """Seed 50171: where(abs(x) > 0, abs(x), ~x) at INT64_MIN: g++ folded abs(x) > 0 to
+    x != 0 (signed overflow is undefined in C++), eager's abs wraps to INT64_MIN (not > 0)
+    and takes ~x. Kernels are built with -fwrapv."""
+    fn = lambda x: torch.where(x.abs() > 0, x.abs(), ~x)  # noqa: E731
+    compiled = _compile(fn, "cpu", dynamic=dynamic)
+    info = torch.iinfo(dtype)
+    for shape in ((24, 64), (6, 33)):
+        x = torch.randint(-9, 10, shape, dtype=dtype)
+        x.view(-1)[torch.randperm(x.numel())[: x.numel() // 6]] = info.min
+        x.view(-1)[:3] = torch.tensor([info.max, 0, -1], dtype=dtype)
+        assert_close(compiled(x), fn(x), rtol=0, atol=0)
