@@ -324,6 +324,57 @@ def test_softmax_nan_sign_bits_match_eager(n):
             assert torch.equal(out.signbit()[nan], ref.signbit()[nan])
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_column_softmax_nan_sign_bits_match_eager(dtype, dynamic, monkeypatch):
+    """Seed 50013: signbit of softmax / log_softmax over a dim that is not the last, columns
+    holding NaN (either sign), +-inf, and all -inf: eager's NaN signs depend on the
+    element's lane (vector or scalar, after its thread split) for softmax, on the last
+    NaN-making element for log_softmax (reduction.column_softmax). At 1 and 2 threads;
+    over dim 0 the kernels must be native."""
+    natives = []
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        natives.extend(getattr(k, "native", False) for k in kernels)
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    g = torch.Generator().manual_seed(50013)
+    cases = [((12, 12, 12), 0), ((12, 12, 12), 1), ((5, 7, 37), 1), ((3, 20, 33), 0),
+             ((40, 17), 0), ((2, 3, 4, 5), 1)]
+    fns = [lambda x, d: torch.softmax(x, d), lambda x, d: torch.log_softmax(x, d)]
+    if dtype == torch.float16:
+        fns.append(lambda x, d: torch.softmax(x, d, dtype=torch.float32))
+    threads = torch.get_num_threads()
+    try:
+        for shape, d in cases:
+            x = torch.randn(shape, generator=g) * 10
+            special = torch.tensor([math.nan, -math.nan, math.inf, -math.inf])
+            pick = special[torch.randint(0, 4, shape, generator=g)]
+            x = torch.where(torch.rand(shape, generator=g) < 0.12, pick, x)
+            x.select(d, 1).select(-1, 0).fill_(-math.inf)  # a column of -inf and NaN
+            x = x.to(dtype)
+            for fn in fns:
+                compiled = torch.compile(fn, backend="pypto", dynamic=dynamic,
+                                         options={"target": "cpu", "fallback": "error"})
+                natives.clear()
+                for nt in (1, 2):
+                    torch.set_num_threads(nt)
+                    with torch.no_grad(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out, ref = compiled(x, d), fn(x, d)
+                    nan = ref.isnan()
+                    assert nan.any() and torch.equal(out.isnan(), nan)
+                    bad = nan & (out.signbit() != ref.signbit())
+                    assert not bad.any(), (shape, d, nt, bad.nonzero()[:4].tolist())
+                # a softmax over a middle dim, or in float64, runs ATen's kernel (not native)
+                assert all(natives) or d != 0 or dtype == torch.float64, (shape, d, natives)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _ulps(v, f64):
     """|v - f64| in units of the spacing of v's dtype at |f64|."""
     r = f64.to(v.dtype).abs()

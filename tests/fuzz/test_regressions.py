@@ -617,3 +617,18 @@ def test_where_abs_positive_at_the_integer_min(dynamic, dtype):
         x.view(-1)[torch.randperm(x.numel())[: x.numel() // 6]] = info.min
         x.view(-1)[:3] = torch.tensor([info.max, 0, -1], dtype=dtype)
         assert_close(compiled(x), fn(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_signbit_of_a_softmax_over_a_leading_dim(dynamic):
+    """Seed 50013: signbit(softmax(x, -3, dtype=f32)) with NaN/inf inputs: eager's kernel
+    over a non-last dim gives NaNs other signs than its last-dim kernel (its max skips
+    NaNs; vector lanes negative, scalar lanes the first NaN-making element's sign)."""
+    fn = lambda x: torch.signbit(torch.softmax(x, -3, dtype=torch.float32))  # noqa: E731
+    compiled = _compile(fn, "cpu", dynamic=dynamic)
+    for shape in ((12, 12, 12), (7, 5, 9)):
+        x = torch.randn(shape) * 30
+        special = torch.tensor([math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0])
+        mask = torch.rand(shape) < 0.15
+        x[mask] = special[torch.randint(0, len(special), (int(mask.sum()),))]
+        assert torch.equal(compiled(x), fn(x))
