@@ -261,8 +261,6 @@ NAN_SIGN_BY_POSITION = {
 # composite ops whose NaN sign follows their decomposition's order of operations, not
 # eager's fused kernel (open, docs/fuzz.md): {(name, dtype): what eager gives}
 NAN_SIGN_OPEN = {
-    ("logsigmoid", torch.float32): "negative for any NaN (vec::minimum's all-ones NaN)",
-    ("logsigmoid", torch.float16): "negative for any NaN (vec::minimum's all-ones NaN)",
     ("square_plus", torch.float16): "x * x + 1 in float16: per-position",
 }
 
