@@ -5,7 +5,10 @@ Case ``i`` is ``tests.fuzz.generator.generate(S + i)``, run in every configurati
 the case has it) and compared with eager by ``tests/fuzz/check.py``'s rule.
 Cases run in worker processes (``--jobs``), so a native crash or a hang
 (``--timeout``) is recorded against its case and the run goes on. Every failure
-is shrunk and written as a standalone repro under ``--out``. The summary counts
+is shrunk and written as a standalone repro under ``--out``. A worker that dies
+(a signal, an abort) is attributed by running the case's eager side alone (the
+generator's validation and the reference runs, ``--eager-only``) in a fresh process:
+if that dies too, the death is upstream (torch's eager), else it is ours. The summary counts
 cases, configurations, crashes and mismatches by category; ``--markdown PATH``
 puts it between the result markers of PATH (docs/fuzz.md), ``--json PATH`` keeps
 every case's record.
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 MARK = "@@fuzz "
+ROOT = Path(__file__).resolve().parents[1]  # the tree whose tests.fuzz and backend run
 START, END = "<!-- fuzz-results:start -->", "<!-- fuzz-results:end -->"
 
 
@@ -51,11 +55,65 @@ def _worker(out: Path, shrink_s: float) -> None:
         print(MARK + json.dumps(record), flush=True)
 
 
+def _eager_only(seed: int) -> None:
+    """The eager side of case ``seed`` alone, no compile: the generator (which validates
+    the program in eager, float64 and nudged runs at both sizes) and the reference runs.
+    Prints a stage marker before each step, so a parent that sees this process die knows
+    where; then the program's record fields."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    print(MARK + json.dumps({"stage": "the generator's eager validation"}), flush=True)
+    from tests.fuzz import check
+    from tests.fuzz.generator import generate
+
+    program = generate(seed)
+    for v in (0, 1):
+        print(MARK + json.dumps({"stage": f"the eager reference runs at size variant {v}"}),
+              flush=True)
+        check.reference(program.case(), v)
+    print(MARK + json.dumps({"statements": len(program.statements),
+                             "families": sorted(program.families),
+                             "backward": program.backward, "special": program.special,
+                             "source": program.source}), flush=True)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYPTO_INDUCTOR_NO_CALIBRATE": "1",
+            "PYPTO_INDUCTOR_COMPILE_JOBS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def attribute_death(seed: int, code: int, timeout: float = 600.0) -> dict:
+    """The record of a worker that died (exit ``code``) on case ``seed``: its eager side is
+    run alone in a fresh process (``_eager_only``); if that dies too the death is upstream
+    (``upstream`` True, ``reason`` says in which step and how), else it is ours (a native
+    crash in compiled code: the record has the program's source to reproduce it)."""
+    record = {"seed": seed, "process": f"worker died (exit code {code})"}
+    cmd = [sys.executable, "-m", "benchmarks.fuzz", "--eager-only", str(seed)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(),
+                             cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {**record, "upstream": None,
+                "reason": f"eager alone did not finish in {timeout:.0f} s: unattributed"}
+    marks = [json.loads(line[len(MARK):]) for line in out.stdout.splitlines()
+             if line.startswith(MARK)]
+    stage = next((m["stage"] for m in reversed(marks) if "stage" in m), "startup")
+    if out.returncode != 0:
+        how = (f"signal {-out.returncode}" if out.returncode < 0
+               else f"exit code {out.returncode}: {(out.stderr.strip().splitlines() or [''])[-1][:300]}")
+        return {**record, "upstream": True,
+                "reason": f"eager alone dies too ({how}) in {stage}, before any compile"}
+    info = marks[-1] if marks and "stage" not in marks[-1] else {}
+    return {**record, **info, "upstream": False,
+            "reason": "eager alone runs (generator and reference runs at both sizes): "
+                      "the worker died in compiled code"}
+
+
 # --- driver -----------------------------------------------------------------------------
 class Worker:
     def __init__(self, args):
-        env = {**os.environ, "PYPTO_INDUCTOR_NO_CALIBRATE": "1",
-               "PYPTO_INDUCTOR_COMPILE_JOBS": "1", "PYTHONPATH": os.getcwd()}
+        env = _env()
         cmd = [sys.executable, "-m", "benchmarks.fuzz", "--worker", "--out", str(args.out),
                "--shrink-seconds", str(args.shrink_seconds)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -78,8 +136,7 @@ class Worker:
             self.proc.kill()
             return {"seed": seed, "process": f"timeout after {timeout:.0f} s"}
         if record is None:
-            code = self.proc.wait()
-            return {"seed": seed, "process": f"worker died (exit code {code})"}
+            return attribute_death(seed, self.proc.wait(), timeout)
         return record
 
     @property
@@ -97,6 +154,16 @@ def _drive(args) -> list[dict]:
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:  # a run that was stopped: keep its cases
             records = [json.loads(line) for line in f if line.strip()]
+        old = [i for i, r in enumerate(records)
+               if "died" in r.get("process", "") and "upstream" not in r]
+        for i in old:  # deaths recorded before they were attributed
+            code = int(re.search(r"-?\d+", records[i]["process"].split("code")[-1]).group())
+            records[i] = attribute_death(records[i]["seed"], code, args.timeout)
+        if old:
+            tmp = f"{args.json}.tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+            os.replace(tmp, args.json)
     finished = {r["seed"] for r in records}
     seeds = queue.Queue()
     for i in range(args.cases):
@@ -136,6 +203,8 @@ def _drive(args) -> list[dict]:
 
 def _one_line(record: dict) -> str:
     if "process" in record or "error" in record:
+        if "reason" in record:
+            return f"{record['process']}; {record['reason']}"
         return record.get("process") or record["error"][:200]
     if not record["failures"]:
         return "ok"
@@ -197,6 +266,10 @@ def summarize(records: list[dict], args, seconds: float) -> str:
     for r in cases:
         for f in r["failures"]:
             f["seed"] = r["seed"]
+    deaths = {False: [], True: [], None: []}  # ours, upstream, not attributed (older runs)
+    for r in broken:
+        if "died" in r.get("process", ""):
+            deaths[r.get("upstream")].append(r["seed"])
     lines += [
         "| | count |", "| --- | --- |",
         f"| cases (programs of 3-15 ops) | {len(cases)} |",
@@ -210,8 +283,9 @@ def summarize(records: list[dict], args, seconds: float) -> str:
         f"| mismatches (case x configuration) | {count('mismatch')} |",
         f"| upstream (decomposed eager fails alike): crashes / mismatches | "
         f"{count('crash', upstream=True)} / {count('mismatch', upstream=True)} |",
-        f"| worker deaths / timeouts / generator errors | "
-        f"{sum('died' in r.get('process', '') for r in broken)} / "
+        f"| worker deaths: ours / upstream (eager alone dies too) / unattributed | "
+        f"{len(deaths[False])} / {len(deaths[True])} / {len(deaths[None])} |",
+        f"| timeouts / generator errors | "
         f"{sum('timeout' in r.get('process', '') for r in broken)} / "
         f"{sum('error' in r for r in broken)} |",
         "",
@@ -236,6 +310,10 @@ def summarize(records: list[dict], args, seconds: float) -> str:
     groups = collections.defaultdict(set)
     for f in ours:
         groups[signature(f)].add(f["seed"])
+    for seed in deaths[False]:
+        groups["worker died in compiled code"].add(seed)
+    for seed in deaths[None]:
+        groups["worker died (not attributed: --resume attributes it)"].add(seed)
     if groups:
         lines += ["", "| failure signature (shrunk) | cases | seeds (first 6) |",
                   "| --- | --- | --- |"]
@@ -299,9 +377,13 @@ def main(argv=None) -> int:
     p.add_argument("--shrink", metavar="REPRO",
                    help="no run: shrink a repro script's case, written next to it as .shrunk.py")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--eager-only", type=int, metavar="SEED", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.out, args.shrink_seconds)
+        return 0
+    if args.eager_only is not None:
+        _eager_only(args.eager_only)
         return 0
     if args.shrink:
         return _shrink_repro(Path(args.shrink), args.shrink_seconds)

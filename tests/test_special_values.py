@@ -198,6 +198,34 @@ def test_integer_bitwise_extremes(name):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
+INT_EXTREMES = [0, 1, -1, 2, -2, 2**31 - 1, -2**31, 2**32, 2**62, -2**62, -2**63, 2**63 - 1,
+                -2**63 + 1, 12345, -7]
+INT_WRAP = {  # signed overflow must wrap as eager's does (fuzz seed 50171)
+    "abs_gt0": lambda a, b: torch.where(a.abs() > 0, a.abs(), ~a),
+    "neg_gt0": lambda a, b: (-a > 0) | (-a < a),
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "add_gt": lambda a, b: (a + b > a) ^ (b > 0), "mul_2_lt": lambda a, b: a * 2 < a,
+    "sum": lambda a, b: (a + b).sum(-1), "abs_sum": lambda a, b: a.abs().sum(0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("name", sorted(INT_WRAP))
+def test_integer_overflow_wraps_as_eager(name, dtype):
+    """Integer arithmetic at the extremes: g++ may fold a comparison by assuming signed
+    overflow never happens (``abs(x) > 0`` to ``x != 0``), eager wraps; the kernels are
+    built with -fwrapv. Every pair, at 17 and 67 columns (vector body and tail)."""
+    info = torch.iinfo(dtype)
+    v = torch.tensor([min(max(x, info.min), info.max) for x in INT_EXTREMES], dtype=dtype)
+    g = torch.Generator().manual_seed(12)
+    for n in (17, 67):
+        a = v[torch.randint(0, len(v), (len(v), n), generator=g)]
+        b = v[torch.randint(0, len(v), (len(v), n), generator=g)]
+        with torch.no_grad():
+            out, ref = _compile(INT_WRAP[name])(a, b), INT_WRAP[name](a, b)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, msg=f"{name} {dtype} n={n}")
+
+
 def test_sweep_covers_every_native_op(native_ops):
     """All cases in one graph (so fused, several ops per kernel), against eager; and every op
     of cpp_emit.OPS ran natively in it."""
@@ -233,8 +261,6 @@ NAN_SIGN_BY_POSITION = {
 # composite ops whose NaN sign follows their decomposition's order of operations, not
 # eager's fused kernel (open, docs/fuzz.md): {(name, dtype): what eager gives}
 NAN_SIGN_OPEN = {
-    ("logsigmoid", torch.float32): "negative for any NaN (vec::minimum's all-ones NaN)",
-    ("logsigmoid", torch.float16): "negative for any NaN (vec::minimum's all-ones NaN)",
     ("square_plus", torch.float16): "x * x + 1 in float16: per-position",
 }
 
@@ -294,6 +320,57 @@ def test_softmax_nan_sign_bits_match_eager(n):
             nan = ref.isnan()
             assert nan[:6].any(1).all() and torch.equal(out.isnan(), nan)
             assert torch.equal(out.signbit()[nan], ref.signbit()[nan])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_column_softmax_nan_sign_bits_match_eager(dtype, dynamic, monkeypatch):
+    """Seed 50013: signbit of softmax / log_softmax over a dim that is not the last, columns
+    holding NaN (either sign), +-inf, and all -inf: eager's NaN signs depend on the
+    element's lane (vector or scalar, after its thread split) for softmax, on the last
+    NaN-making element for log_softmax (reduction.column_softmax). At 1 and 2 threads;
+    over dim 0 the kernels must be native."""
+    natives = []
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        natives.extend(getattr(k, "native", False) for k in kernels)
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    g = torch.Generator().manual_seed(50013)
+    cases = [((12, 12, 12), 0), ((12, 12, 12), 1), ((5, 7, 37), 1), ((3, 20, 33), 0),
+             ((40, 17), 0), ((2, 3, 4, 5), 1)]
+    fns = [lambda x, d: torch.softmax(x, d), lambda x, d: torch.log_softmax(x, d)]
+    if dtype == torch.float16:
+        fns.append(lambda x, d: torch.softmax(x, d, dtype=torch.float32))
+    threads = torch.get_num_threads()
+    try:
+        for shape, d in cases:
+            x = torch.randn(shape, generator=g) * 10
+            special = torch.tensor([math.nan, -math.nan, math.inf, -math.inf])
+            pick = special[torch.randint(0, 4, shape, generator=g)]
+            x = torch.where(torch.rand(shape, generator=g) < 0.12, pick, x)
+            x.select(d, 1).select(-1, 0).fill_(-math.inf)  # a column of -inf and NaN
+            x = x.to(dtype)
+            for fn in fns:
+                compiled = torch.compile(fn, backend="pypto", dynamic=dynamic,
+                                         options={"target": "cpu", "fallback": "error"})
+                natives.clear()
+                for nt in (1, 2):
+                    torch.set_num_threads(nt)
+                    with torch.no_grad(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        out, ref = compiled(x, d), fn(x, d)
+                    nan = ref.isnan()
+                    assert nan.any() and torch.equal(out.isnan(), nan)
+                    bad = nan & (out.signbit() != ref.signbit())
+                    assert not bad.any(), (shape, d, nt, bad.nonzero()[:4].tolist())
+                # a softmax over a middle dim, or in float64, runs ATen's kernel (not native)
+                assert all(natives) or d != 0 or dtype == torch.float64, (shape, d, natives)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ulps(v, f64):

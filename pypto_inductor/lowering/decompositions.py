@@ -18,6 +18,7 @@ import functools
 import torch
 from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._decomp.decompositions import log_sigmoid_forward as _core_log_sigmoid_forward
 
 aten = torch.ops.aten
 
@@ -79,10 +80,19 @@ def python_decompositions_bypassed():
             op._dispatch_cache.clear()
 
 
+def _log_sigmoid_forward(x):
+    """Core's decomposition, with eager's NaN: its CPU kernel gives the negative NaN for
+    any NaN input (``vec::minimum``'s all-ones NaN; the decomposed min(0, x) - log1p(..)
+    passes the input's sign on). Signbit and copysign read it (docs/fuzz.md)."""
+    out, buffer = _core_log_sigmoid_forward(x)
+    return torch.where(out != out, -torch.abs(out), out), buffer
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_EXTRA))
+    table[aten.log_sigmoid_forward.default] = _log_sigmoid_forward
     for packet in _KEEP + _NOT_DECOMPOSED:
         for name in packet.overloads():
             table.pop(getattr(packet, name), None)

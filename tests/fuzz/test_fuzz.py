@@ -300,3 +300,26 @@ def test_nudged_grad_outputs_still_flag_a_wrong_gradient():
     assert check.check(case, backend=_backward_shifted(0.0)) == []
     found = check.check(case, backend=_backward_shifted(1e-3))
     assert found and "gradients" in found[0]["message"]
+
+
+def test_worker_death_attributed_by_running_eager_alone(monkeypatch):
+    """A worker that dies on a case: its eager side alone runs in a fresh process. Eager
+    alive: ours (seed 1000 runs in eager); eager dead too (faked here: run 7's seed 50417
+    is torch 2.13 segfaulting in its own float64 backward during the generator's
+    validation): upstream, with the step it died in; both counted by the summary."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks import fuzz
+
+    ours = fuzz.attribute_death(1000, -11)
+    assert ours["upstream"] is False and "def fn" in ours["source"], ours
+    stage = fuzz.MARK + '{"stage": "the generator\'s eager validation"}\n'
+    monkeypatch.setattr(fuzz.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, -11, stdout=stage, stderr=""))
+    upstream = fuzz.attribute_death(50417, -11)
+    assert upstream["upstream"] is True and "signal 11" in upstream["reason"]
+    assert "generator's eager validation" in upstream["reason"]
+    old = {"seed": 7, "process": "worker died (exit code -11)"}  # a record of an older run
+    args = type("Args", (), {"cases": 3, "seed": 7})
+    text = fuzz.summarize([ours, upstream, old], args, 0.0)
+    assert "| worker deaths: ours / upstream (eager alone dies too) / unattributed | 1 / 1 / 1 |" in text
+    assert "| worker died in compiled code | 1 | 1000 |" in text

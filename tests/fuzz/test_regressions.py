@@ -644,3 +644,51 @@ def test_fma_only_within_one_aten_op(monkeypatch):
     assert ln >= 2  # x_hat * w + b, and the sum of squares
     assert fmas(lambda x, w, b, w2, b2: F.layer_norm(x, (64,), w, b) * w2 + b2) == ln
     assert fmas(lambda x, w, b, w2, b2: x * w2 + b2) == 0
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_where_abs_positive_at_the_integer_min(dynamic, dtype):
+    """Seed 50171: where(abs(x) > 0, abs(x), ~x) at INT64_MIN: g++ folded abs(x) > 0 to
+    x != 0 (signed overflow is undefined in C++), eager's abs wraps to INT64_MIN (not > 0)
+    and takes ~x. Kernels are built with -fwrapv."""
+    fn = lambda x: torch.where(x.abs() > 0, x.abs(), ~x)  # noqa: E731
+    compiled = _compile(fn, "cpu", dynamic=dynamic)
+    info = torch.iinfo(dtype)
+    for shape in ((24, 64), (6, 33)):
+        x = torch.randint(-9, 10, shape, dtype=dtype)
+        x.view(-1)[torch.randperm(x.numel())[: x.numel() // 6]] = info.min
+        x.view(-1)[:3] = torch.tensor([info.max, 0, -1], dtype=dtype)
+        assert_close(compiled(x), fn(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_signbit_of_a_softmax_over_a_leading_dim(dynamic):
+    """Seed 50013: signbit(softmax(x, -3, dtype=f32)) with NaN/inf inputs: eager's kernel
+    over a non-last dim gives NaNs other signs than its last-dim kernel (its max skips
+    NaNs; vector lanes negative, scalar lanes the first NaN-making element's sign)."""
+    fn = lambda x: torch.signbit(torch.softmax(x, -3, dtype=torch.float32))  # noqa: E731
+    compiled = _compile(fn, "cpu", dynamic=dynamic)
+    for shape in ((12, 12, 12), (7, 5, 9)):
+        x = torch.randn(shape) * 30
+        special = torch.tensor([math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0])
+        mask = torch.rand(shape) < 0.15
+        x[mask] = special[torch.randint(0, len(special), (int(mask.sum()),))]
+        assert torch.equal(compiled(x), fn(x))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_max_indices_take_the_first_of_ties(dynamic, dtype):
+    """Seed 50155 (its index 9 against eager's 3 is not a tie rule: see docs/fuzz.md, run
+    7): max/min(dim).indices and argmax/argmin take the first index of the extreme, the
+    first NaN where there is one, over rows (long ones too), columns and a middle dim."""
+    fn = lambda x, d: (torch.max(x, d).indices, torch.argmax(x, d),  # noqa: E731
+                       torch.min(x, d).indices, torch.argmin(x, d))
+    for shape, d in (((5, 2048), 1), ((3, 70, 33), 1), ((300, 20), 0), ((16, 1, 12, 64), 2)):
+        compiled = _compile(fn, "cpu", dynamic=dynamic)
+        x = (torch.rand(shape) < 0.5).to(dtype)
+        for nan in (False, True):
+            if nan:
+                x.view(-1)[torch.randperm(x.numel())[: x.numel() // 50]] = math.nan
+            for got, want in zip(compiled(x, d), fn(x, d)):
+                assert torch.equal(got, want), (shape, d, nan)

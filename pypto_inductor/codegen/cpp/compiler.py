@@ -40,9 +40,13 @@ from ... import config
 from ...hardware import usable_cpus
 
 # -O2 with O3's vectoriser cost model: the kernels' hot loops are `omp simd`, and against -O3
-# it compiles faster at equal kernel time (docs/benchmarks.md).
-BASE_FLAGS = ("-O2", "-fvect-cost-model=dynamic", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-              "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w")
+# it compiles faster at equal kernel time (docs/benchmarks.md). -fwrapv: signed integer
+# overflow wraps, as eager's integer ops do (without it g++ folds `abs(x) > 0` to `x != 0`,
+# wrong at INT64_MIN: fuzz seed 50171); the kernels keep the same vector loops (docs/fuzz.md).
+# -ffp-contract=off: g++ fuses no multiply and add by itself; fmas are written out where
+# eager's own kernels have them (docs/ARCHITECTURE.md, fuzz seed 31858).
+BASE_FLAGS = ("-O2", "-fvect-cost-model=dynamic", "-fwrapv", "-fopenmp", "-shared", "-fPIC",
+              "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w")
 NATIVE_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 300
 

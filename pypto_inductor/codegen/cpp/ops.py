@@ -231,6 +231,16 @@ PI_INLINE float pi_nan_neg(float r) { return r != r ? -NAN : r; }
 PI_INLINE float pi_nan_pos(float r) { return r != r ? NAN : r; }
 // r of a NaN x, when NaN (pow(NaN, 0) is 1), made the negative NaN
 template <typename T> PI_INLINE T pi_nan_neg_if(T x, T r) { return (x != x && r != r) ? (T)-NAN : r; }
+// whether kept element r of n is in a vector lane of eager's softmax over a non-last dim
+// (inner: the elements after that dim): [0, n) is split in chunks between its nt threads,
+// each walks vectors of V within an inner row and ends the row's (or the chunk's) rest in
+// scalar code (reduction.column_softmax)
+PI_INLINE bool pi_sm_vec(int64_t r, int64_t n, int64_t inner, int64_t V, int64_t nt) {
+  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(nt, n)), cs = (n + t - 1) / t;
+  const int64_t b = r / cs * cs, row = r / inner * inner;
+  const int64_t s = std::max(b, row), e = std::min(std::min(n, b + cs), row + inner);
+  return r - s < (e - s) / V * V;
+}
 template <typename T, typename U> PI_INLINE T pi_max_nf(T x, U b) { return (x < (T)b || (T)b != (T)b) ? (T)b : x; }
 template <typename T, typename U> PI_INLINE T pi_min_nf(T x, U b) { return (x > (T)b || (T)b != (T)b) ? (T)b : x; }
 """

@@ -9,11 +9,23 @@ elements, and :mod:`.emit_columns` writes the kernel.
 """
 from __future__ import annotations
 
+import sympy
 import torch
 
 from ...ir import FusionTile, TileOp
 from ...sizes import same_size as _same
+from .ops import size
 from .program import FLOATS, Lit, Node, NotNative
+
+
+# elements per vector of eager's AVX-512 softmax kernels, by dtype (AVX2: half as many);
+# column softmax/log_softmax of these dtypes give eager's NaN signs (column_softmax):
+# bfloat16's are not matched (eager's vector body stores 0xffff, its scalar tails 0x7fc0)
+COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
+
+
+def _avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _compute_dtype(dt):
@@ -96,7 +108,7 @@ class ReductionAnalysis:
             tuple(range(len(shape) - self.m, len(shape)))
         if dims != reduced or (self.perm is not None and len(shape) != len(self.D)):
             raise NotNative(f"{name} over dims {list(dims)} differs from the tile's reduction")
-        shape = self.tshape(shape)
+        src_shape, shape = shape, self.tshape(shape)
         sctx = self.context(shape)
         if sctx[0] != "col":
             raise NotNative(f"{name} input shape differs from the tile domain")
@@ -144,6 +156,9 @@ class ReductionAnalysis:
         if name in ("var", "std"):
             return self.round(self.variance(x, float(op.attrs.get("correction", 1.0)),
                                             name == "std"), out, op)
+        if name in ("softmax", "log_softmax") and self.perm is not None \
+                and out in COLUMN_NAN_LANES:
+            return self.round(self.column_softmax(x, name, src_shape, dims[0], out), out, op)
         if name in ("softmax", "log_softmax", "logsumexp"):
             mx = self.reduce("max", x)
             if name == "logsumexp":
@@ -166,6 +181,51 @@ class ReductionAnalysis:
                 r = self.expr("col", "({0} != {0} ? ({1} != {1} ? {1} : -NAN) : {0})", r, x)
             return self.round(r, out, op)
         raise NotNative(f"reduction {name} is not native yet")
+
+    def column_softmax(self, x: Node, name: str, shape, dim: int, out) -> Node:
+        """softmax / log_softmax over a dim that is not the last, with eager's NaN signs
+        (fuzz seed 50013; docs/fuzz.md, run 7). Eager's kernel (2.x ``_vec_softmax`` /
+        ``_vec_logsoftmax``, measured on torch 2.13): the max skips NaNs (``M``); a NaN
+        result keeps the input's sign where the input is NaN, is negative where ``x - M``
+        is invalid (x = M = +-inf), and elsewhere: log_softmax, the sign of the last
+        NaN-making element of the column (its sum adds the term first); softmax, in its
+        vector lanes negative (``vec::maximum``'s all-ones NaN), in its scalar lanes the
+        sign of the first NaN-making element. Which kept elements eager runs in vector
+        lanes depends on its thread split (``pi_sm_vec``). The max is NaN-free here too:
+        every result of a column holding a NaN is NaN all the same."""
+        mx = self.reduce("max", self.expr("col", "({0} != {0} ? -INFINITY : {0})", x))
+        # x - M is NaN where x is (with x's sign: M is no NaN) or where it is invalid (the
+        # negative default NaN): the NaN-making elements, with their NaN's sign
+        shifted = self.expr("col", "({0} - {1})", x, mx)
+        e = self.expr("col", "pi_exp({0})", shifted)  # keeps a NaN's sign
+        s = self.reduce("sum", e)
+        # the first (softmax) / last (log_softmax) NaN-making element: 2 c + (its NaN is
+        # positive), reduced over the column in a pass only columns whose sum is NaN run
+        first = name == "softmax"
+        key = self.node("expr", "col", [shifted], torch.int64, fmt=(
+            "({0} != {0} ? 2 * (int64_t)c + !std::signbit({0}) : "
+            f"{'INT64_MAX' if first else '-1'})"))
+        nan = self.shared("expr", "row", (s,), torch.bool, fmt="({0} != {0})")
+        k = self.shared("reduce", "row", (key, nan), torch.int64,
+                        red="min" if first else "max", when=True)
+        odd = self.node("op", "row", [k, Lit(1)], torch.int64, k.shape, op="bitwise_and",
+                        common=torch.int64)
+        pos = self.node("op", "row", [odd], torch.float32, k.shape, op="copy",
+                        common=torch.int64)
+        if first:  # eager's vector lanes give the negative NaN
+            inner = sympy.Mul(*shape[dim + 1:])
+            lanes = COLUMN_NAN_LANES[out] // (1 if _avx512() else 2)
+            pos = self.expr("row", f"(pi_sm_vec(r0 + j, R, {size(inner)}, {lanes}, nt) ? 0.0f "
+                            ": {0})", pos)
+        # A column's NaN sum becomes the NaN its other elements get: x86 arithmetic passes a
+        # NaN operand on (the first of two), so e / s and (x - M) - log(s) keep a NaN
+        # e or x - M and take this one elsewhere, with no per-element select
+        other = self.expr("row", "({0} != 0 ? NAN : -NAN)", pos)
+        if first:
+            return self.expr("col", "({0} / {1})", e,
+                             self.expr("row", "({0} != {0} ? {1} : {0})", s, other))
+        logs = self.expr("row", "({0} != {0} ? {1} : std::log({0}))", s, other)
+        return self.expr("col", "({0} - {1})", shifted, logs)
 
     def variance(self, x: Node, corr: float, std: bool) -> Node:
         """var (or std) of the row, finite wherever eager's is: eager's CPU var accumulates
