@@ -41,7 +41,6 @@ _LIFT = torch.ops.aten.lift_fresh_copy.default
 FORCED = "forced by fallback_ops"
 
 
-
 def fma_group(node: fx.Node) -> str:
     """The ATen op call an FX node computes part of: the decomposed op's call (AOTAutograd's
     ``original_aten`` with the call's autograd ``seq_nr``, or without autograd (seq_nr -1)
@@ -57,6 +56,7 @@ def fma_group(node: fx.Node) -> str:
     if stack and isinstance(stack[-1], tuple):
         return f"{orig}@{stack[-1][0]}"
     return f"node:{node.name}"
+
 
 class GraphNotLowerable(Exception):
     """The whole graph must run eagerly (e.g. a size symbol we cannot bind)."""
