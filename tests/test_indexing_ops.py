@@ -376,6 +376,17 @@ def test_one_hot_scatter_out_of_range_raises():
         f(torch.randn(6, 5), torch.full((6, 1), 5), None)
 
 
+@pytest.mark.parametrize("value", [1, True, 0])
+def test_one_hot_scatter_into_bool_keeps_bool(value):
+    """A number scattered into a bool tensor stays bool (where(bool, 1) would promote to
+    int64: cumprod's and vander's backward scatter so)."""
+    torch.manual_seed(11)
+    x, index = torch.rand(6, 5) < 0.5, torch.randint(0, 5, (6, 1))
+    out, ref, _ = compile_run(lambda x, i: x.scatter(1, i, value), x, index)
+    assert out.dtype == torch.bool
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_cross_entropy_backward_has_no_scatter_tile():
     torch.manual_seed(10)
     target = torch.tensor([0, 2, -100, 1])

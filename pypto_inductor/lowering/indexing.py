@@ -268,6 +268,8 @@ def _one_hot_scatter(ctx, x, dim: int, index: str, src):
             return None  # a larger src is read only at the index's positions
     elif isinstance(src, float) and not xs.dtype.is_floating_point:
         return None  # the value's conversion to an integer x: left to ATen
+    elif xs.dtype == torch.bool and not isinstance(src, bool):
+        return None  # where(bool x, 1) would promote to int64: left to ATen
     elif not isinstance(src, (bool, int, float)):
         return None
     ar = ctx.emit("arange", OpKind.ELEMENTWISE, (), out=ctx.new_spec((int(n),), torch.int64),
