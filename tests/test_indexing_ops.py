@@ -376,13 +376,14 @@ def test_one_hot_scatter_out_of_range_raises():
         f(torch.randn(6, 5), torch.full((6, 1), 5), None)
 
 
+@pytest.mark.parametrize("target", ["cpu", "reference"])
 @pytest.mark.parametrize("value", [1, True, 0])
-def test_one_hot_scatter_into_bool_keeps_bool(value):
+def test_one_hot_scatter_into_bool_keeps_bool(value, target):
     """A number scattered into a bool tensor stays bool (where(bool, 1) would promote to
     int64: cumprod's and vander's backward scatter so)."""
     torch.manual_seed(11)
     x, index = torch.rand(6, 5) < 0.5, torch.randint(0, 5, (6, 1))
-    out, ref, _ = compile_run(lambda x, i: x.scatter(1, i, value), x, index)
+    out, ref, _ = compile_run(lambda x, i: x.scatter(1, i, value), x, index, target=target)
     assert out.dtype == torch.bool
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
