@@ -148,7 +148,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     # of kernels the generated code allocates (fresh, contiguous) and views of them
     fixed: dict[int, tuple] = {}
     aliased = _returned_views(graph, program) if REINTERPRET_VIEWS else None
-    spec_of = {s: graph.specs.get(n) for n, s in graph_slots(graph, program)}
+    spec_of = slot_specs(graph, program)
     if aliased is not None:
         code.bound["reinterpret"] = reinterpret_tensor
     first_step = len(out)
@@ -738,7 +738,7 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
             readers.setdefault(s, []).append(i)
     slots = dict(graph_slots(graph, program))
     returned = {slots[o] for o in graph.outputs if isinstance(o, str) and o in slots}
-    found = set()
+    spec_of, found = slot_specs(graph, program), set()
     for kind, name, fn, ins, outs, step in program:
         if kind != "view" or step.op != "permute" or tuple(step.attrs.get("dims", ())) != (1, 0) \
                 or len(ins) != 1 or not outs or outs[0] is None or outs[0] in returned \
@@ -752,7 +752,7 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
         if not getattr(launch, "gemm", False) or not uins or uins.count(outs[0]) != 1:
             continue
         ops = launch.operands
-        specs = [_spec_of(graph, program, s) for s in uins]
+        specs = [spec_of.get(s) for s in uins]
         if any(op[0] != "in" for op in ops) or any(sp is None for sp in specs) \
                 or uins[ops[-1][1]] != outs[0]:  # the transpose is the GEMM's right operand
             continue
@@ -767,11 +767,9 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
     return found
 
 
-def _spec_of(graph, program, slot):
-    for name, s in graph_slots(graph, program):
-        if s == slot:
-            return graph.specs.get(name)
-    return None
+def slot_specs(graph, program) -> dict:
+    """slot -> the spec of the graph value it holds (None for a value without one)."""
+    return {s: graph.specs.get(n) for n, s in graph_slots(graph, program)}
 
 
 def graph_slots(graph, program):
