@@ -110,12 +110,95 @@ def attribute_death(seed: int, code: int, timeout: float = 600.0) -> dict:
                       "the worker died in compiled code"}
 
 
+def _eager_trace(seed: int) -> None:
+    """Case ``seed`` traced by Dynamo with ``backend="eager"`` (no backend of ours), static
+    and ``dynamic=True`` at both sizes, backward included, then with ``decomposed_eager``
+    (AOTAutograd and the decomposition table, graphs run eagerly). A stage marker before
+    each step says where a hang is, for ``attribute_timeout``."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    print(MARK + json.dumps({"stage": "the generator's eager validation"}), flush=True)
+    import torch._dynamo
+
+    from tests.fuzz import check
+    from tests.fuzz.generator import generate
+    from tests.fuzz.runner import decomposed_eager
+
+    program = generate(seed)
+    case = program.case()
+    for name, backend in (("eager", "eager"), ("decomposed_eager", decomposed_eager)):
+        for dynamic in (False, True):
+            print(MARK + json.dumps({"stage": f"backend={name!r}, "
+                                              f"{'dynamic' if dynamic else 'static'}"}),
+                  flush=True)
+            torch._dynamo.reset()
+            compiled = torch.compile(check.load(case["source"]), backend=backend,
+                                     dynamic=dynamic)
+            for v in ([0, 1] if dynamic else [0]):
+                check.run(compiled, check.inputs_for(case, v), case, v)
+    print(MARK + json.dumps({"statements": len(program.statements),
+                             "families": sorted(program.families),
+                             "backward": program.backward, "special": program.special,
+                             "source": program.source}), flush=True)
+
+
+def attribute_timeout(seed: int, timeout: float) -> dict:
+    """The record of a case that did not finish in ``timeout`` s: it is traced and run with
+    ``backend="eager"`` (Dynamo alone), then ``decomposed_eager`` (AOTAutograd with the
+    decomposition table), in a fresh process under the same timeout (``_eager_trace``). If
+    that does not finish either, or dies, the hang is upstream (``reason`` names the step:
+    seed 60034, Dynamo's unbind over a 3,136-long dynamic dim); if it finishes, ours."""
+    record = {"seed": seed, "process": f"timeout after {timeout:.0f} s"}
+    cmd = [sys.executable, "-m", "benchmarks.fuzz", "--eager-trace", str(seed)]
+    start = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(),
+                             cwd=ROOT)
+        stdout, code = out.stdout, out.returncode
+    except subprocess.TimeoutExpired as e:
+        stdout, code = e.stdout or "", None
+        if isinstance(stdout, bytes):
+            stdout = stdout.decode(errors="replace")
+    marks = [json.loads(line[len(MARK):]) for line in stdout.splitlines()
+             if line.startswith(MARK)]
+    stage = next((m["stage"] for m in reversed(marks) if "stage" in m), "startup")
+    info = marks[-1] if marks and "stage" not in marks[-1] else {}
+    if code is None:
+        return {**record, "upstream": True,
+                "reason": f"without our backend it does not finish in {timeout:.0f} s "
+                          f"either (hangs in {stage})"}
+    if code != 0:
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return {**record, "upstream": True,
+                "reason": f"without our backend it fails too ({how}) in {stage}"}
+    return {**record, **info, "upstream": False,
+            "reason": f"backend='eager' and decomposed_eager trace and run it in "
+                      f"{time.monotonic() - start:.0f} s: the hang is ours"}
+
+
+KILLED = "killed externally (SIGKILL), passed on re-run"
+
+
+def after_kill(first: dict, again: dict) -> dict:
+    """The record of a case whose worker was killed by SIGKILL (-9: from outside the
+    process, the OOM killer or a harness) and that was run once more in a fresh worker
+    (``again``). Completed there: the re-run's record, counted as any case, with the first
+    death kept (``killed``); else the re-run's own death or timeout record, attributed as
+    usual, with the first death kept too."""
+    return {**again, "killed": first["process"],
+            **({"note": KILLED} if "failures" in again else {})}
+
+
 # --- driver -----------------------------------------------------------------------------
 class Worker:
-    def __init__(self, args):
+    def __init__(self, args, cmd=None):
+        self.args = args
         env = _env()
-        cmd = [sys.executable, "-m", "benchmarks.fuzz", "--worker", "--out", str(args.out),
-               "--shrink-seconds", str(args.shrink_seconds)]
+        cmd = cmd or [sys.executable, "-m", "benchmarks.fuzz", "--worker", "--out",
+                      str(args.out), "--shrink-seconds", str(args.shrink_seconds)]
+        self.cmd = cmd
+        self.cases = 0
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
         self.lines: queue.Queue = queue.Queue()
@@ -127,16 +210,30 @@ class Worker:
                 self.lines.put(json.loads(line[len(MARK):]))
         self.lines.put(None)  # the process ended
 
-    def run(self, seed: int, timeout: float) -> dict:
-        self.proc.stdin.write(f"{seed}\n")
-        self.proc.stdin.flush()
+    def run(self, seed: int, timeout: float, rerun_killed: bool = True) -> dict:
+        """Case ``seed``'s record; a hang or death is attributed (``attribute_timeout``,
+        ``attribute_death``), a SIGKILL first re-runs the case in a fresh worker."""
+        self.cases += 1
         try:
+            self.proc.stdin.write(f"{seed}\n")
+            self.proc.stdin.flush()
             record = self.lines.get(timeout=timeout)
+        except (BrokenPipeError, OSError):
+            record = None
         except queue.Empty:
             self.proc.kill()
-            return {"seed": seed, "process": f"timeout after {timeout:.0f} s"}
+            self.proc.wait()
+            return attribute_timeout(seed, timeout)
         if record is None:
-            return attribute_death(seed, self.proc.wait(), timeout)
+            code = self.proc.wait()
+            if code == -9 and rerun_killed:
+                fresh = Worker(self.args, self.cmd)
+                try:
+                    again = fresh.run(seed, timeout, rerun_killed=False)
+                finally:
+                    fresh.close()
+                return after_kill({"process": f"worker died (exit code {code})"}, again)
+            return attribute_death(seed, code, timeout)
         return record
 
     @property
@@ -145,8 +242,12 @@ class Worker:
 
     def close(self):
         if self.alive:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _drive(args) -> list[dict]:
@@ -154,11 +255,9 @@ def _drive(args) -> list[dict]:
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:  # a run that was stopped: keep its cases
             records = [json.loads(line) for line in f if line.strip()]
-        old = [i for i, r in enumerate(records)
-               if "died" in r.get("process", "") and "upstream" not in r]
-        for i in old:  # deaths recorded before they were attributed
-            code = int(re.search(r"-?\d+", records[i]["process"].split("code")[-1]).group())
-            records[i] = attribute_death(records[i]["seed"], code, args.timeout)
+        old = [i for i, r in enumerate(records) if _unsettled(r)]
+        for i in old:  # deaths and timeouts recorded before they were attributed
+            records[i] = _settle(records[i], args)
         if old:
             tmp = f"{args.json}.tmp"
             with open(tmp, "w") as f:
@@ -179,7 +278,8 @@ def _drive(args) -> list[dict]:
             except queue.Empty:
                 break
             record = worker.run(seed, args.timeout)
-            if not worker.alive:
+            if not worker.alive or (args.recycle and worker.cases >= args.recycle):
+                worker.close()  # a fresh process after a death, a hang or N cases
                 worker = Worker(args)
             with lock:
                 records.append(record)
@@ -201,7 +301,39 @@ def _drive(args) -> list[dict]:
     return sorted(records, key=lambda r: r["seed"])
 
 
+def _death_code(record: dict) -> int | None:
+    found = re.search(r"worker died \(exit code (-?\d+)\)", record.get("process", ""))
+    return int(found.group(1)) if found else None
+
+
+def _unsettled(record: dict) -> bool:
+    """A death or timeout that an older runner recorded without this one's attribution:
+    any death or timeout without ``upstream``, and a SIGKILL that was not re-run."""
+    process = record.get("process", "")
+    if not process or "killed" in record:
+        return False
+    return "upstream" not in record or _death_code(record) == -9
+
+
+def _settle(record: dict, args) -> dict:
+    """Attributes an older record as the runner does now (``--resume``)."""
+    seed, code = record["seed"], _death_code(record)
+    if code == -9:
+        worker = Worker(args)
+        try:
+            again = worker.run(seed, args.timeout, rerun_killed=False)
+        finally:
+            worker.close()
+        return after_kill({"process": record["process"]}, again)
+    if code is not None:
+        return attribute_death(seed, code, args.timeout)
+    return attribute_timeout(seed, args.timeout)
+
+
 def _one_line(record: dict) -> str:
+    if record.get("note"):
+        return f"{record['killed']}; {record['note']}: " + (
+            "ok" if not record["failures"] else f"{len(record['failures'])} failure(s)")
     if "process" in record or "error" in record:
         if "reason" in record:
             return f"{record['process']}; {record['reason']}"
@@ -267,9 +399,13 @@ def summarize(records: list[dict], args, seconds: float) -> str:
         for f in r["failures"]:
             f["seed"] = r["seed"]
     deaths = {False: [], True: [], None: []}  # ours, upstream, not attributed (older runs)
+    timeouts = {False: [], True: [], None: []}
     for r in broken:
         if "died" in r.get("process", ""):
             deaths[r.get("upstream")].append(r["seed"])
+        elif "timeout" in r.get("process", ""):
+            timeouts[r.get("upstream")].append(r["seed"])
+    killed = [r["seed"] for r in cases if r.get("note") == KILLED]
     lines += [
         "| | count |", "| --- | --- |",
         f"| cases (programs of 3-15 ops) | {len(cases)} |",
@@ -285,9 +421,11 @@ def summarize(records: list[dict], args, seconds: float) -> str:
         f"{count('crash', upstream=True)} / {count('mismatch', upstream=True)} |",
         f"| worker deaths: ours / upstream (eager alone dies too) / unattributed | "
         f"{len(deaths[False])} / {len(deaths[True])} / {len(deaths[None])} |",
-        f"| timeouts / generator errors | "
-        f"{sum('timeout' in r.get('process', '') for r in broken)} / "
-        f"{sum('error' in r for r in broken)} |",
+        f"| timeouts: ours / upstream (backend='eager' does not finish either) / "
+        f"unattributed | {len(timeouts[False])} / {len(timeouts[True])} / "
+        f"{len(timeouts[None])} |",
+        f"| {KILLED} (not a failure) | {len(killed)} |",
+        f"| generator errors | {sum('error' in r for r in broken)} |",
         "",
         "| configuration | crashes | mismatches |", "| --- | --- | --- |",
     ]
@@ -314,12 +452,26 @@ def summarize(records: list[dict], args, seconds: float) -> str:
         groups["worker died in compiled code"].add(seed)
     for seed in deaths[None]:
         groups["worker died (not attributed: --resume attributes it)"].add(seed)
+    for seed in timeouts[False]:
+        groups["timeout in our backend (backend='eager' finishes)"].add(seed)
+    for seed in timeouts[None]:
+        groups["timeout (not attributed: --resume attributes it)"].add(seed)
     if groups:
         lines += ["", "| failure signature (shrunk) | cases | seeds (first 6) |",
                   "| --- | --- | --- |"]
         for sig, seeds in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             lines.append(f"| {sig.replace('|', '/')} | {len(seeds)} | "
                          f"{', '.join(map(str, sorted(seeds)[:6]))} |")
+    excused = {"worker died, eager alone dies too (upstream)": deaths[True],
+               "timeout, backend='eager' does not finish either (upstream)": timeouts[True],
+               KILLED: killed}
+    if any(excused.values()):
+        lines += ["", "| not counted as failures of ours | cases | seeds (first 6) |",
+                  "| --- | --- | --- |"]
+        for what, seeds in excused.items():
+            if seeds:
+                lines.append(f"| {what} | {len(seeds)} | "
+                             f"{', '.join(map(str, sorted(seeds)[:6]))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -378,12 +530,18 @@ def main(argv=None) -> int:
                    help="no run: shrink a repro script's case, written next to it as .shrunk.py")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--eager-only", type=int, metavar="SEED", help=argparse.SUPPRESS)
+    p.add_argument("--eager-trace", type=int, metavar="SEED", help=argparse.SUPPRESS)
+    p.add_argument("--recycle", type=int, default=100,
+                   help="a fresh worker process after this many cases (0: never)")
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.out, args.shrink_seconds)
         return 0
     if args.eager_only is not None:
         _eager_only(args.eager_only)
+        return 0
+    if args.eager_trace is not None:
+        _eager_trace(args.eager_trace)
         return 0
     if args.shrink:
         return _shrink_repro(Path(args.shrink), args.shrink_seconds)

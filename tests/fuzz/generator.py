@@ -28,6 +28,9 @@ BACKWARD_DTYPE_WEIGHTS = {"f32": 70, "f64": 15, "f16": 5, "bf16": 5, "i64": 5}
 SIZES = [2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 16, 17, 24, 31, 32, 33, 48, 64]
 LARGE_SIZES = [96, 128, 257, 1000]
 MAX_NUMEL = 16384
+# unbind / split into this many pieces at most: Dynamo traces each piece (with symbolic
+# guards under dynamic=True), so a 3,136-way unbind took over 20 minutes (seed 60034)
+MAX_PIECES = 16
 BACKWARD_SHARE = 0.3
 SPECIAL_SHARE = 0.25
 
@@ -314,9 +317,13 @@ def _cat(b: Builder) -> None:
     elif roll < 0.75:
         b.add(f"torch.cat([{a}, {a}.narrow({d}, 0, 1), {a}], dim={d})", [a], "cat")
     else:
-        b.add(rng.choice([f"{a}.chunk(2, dim={d})[{rng.randint(0, 1)}]",
-                          f"torch.split({a}, 2, dim={d})[0]", f"{a}.unbind({d})[-1]"]),
-              [a], "cat")
+        expr = rng.choice([f"{a}.chunk(2, dim={d})[{rng.randint(0, 1)}]",
+                           f"torch.split({a}, 2, dim={d})[0]", f"{a}.unbind({d})[-1]"])
+        size = max(b.dims_of(a)[d])
+        pieces = size if ".unbind(" in expr else (size + 1) // 2 if "split(" in expr else 2
+        if pieces > MAX_PIECES:
+            raise Rejected("Dynamo traces every piece: its time grows with their number")
+        b.add(expr, [a], "cat")
 
 
 def _matmul(b: Builder) -> None:

@@ -72,7 +72,8 @@ class _FanOut:
         self.current = self.targets[0]
         self.graphs = 0  # ATen graphs compiled (for every target)
 
-    def __call__(self, gm, example_inputs, config, kind, attention=None, convs=None):
+    def __call__(self, gm, example_inputs, config, kind, attention=None, convs=None,
+                 record=None):
         self.graphs += 1
         compiled = {}
         for i, target in enumerate(self.targets):
@@ -81,7 +82,9 @@ class _FanOut:
             compiled[target] = self.compile_graph(
                 gm, example_inputs, dataclasses.replace(config, target=target), kind,
                 attention if last or attention is None else list(attention),
-                convs if last or convs is None else list(convs))
+                convs if last or convs is None else list(convs),
+                # graph_cache stores the plan under the key of the compile's own target
+                record if target == config.target else None)
 
         def run(args):  # boxed, as compile_graph's callables
             return compiled[self.current](args)

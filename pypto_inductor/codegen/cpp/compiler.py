@@ -38,6 +38,7 @@ from filelock import FileLock, Timeout
 
 from ... import config
 from ...hardware import usable_cpus
+from . import pch
 
 # -O2 with O3's vectoriser cost model: the kernels' hot loops are `omp simd`, and against -O3
 # it compiles faster at equal kernel time (docs/benchmarks.md). -fwrapv: signed integer
@@ -291,7 +292,8 @@ def compile_library(source: str, compiler, out: Path, extra_flags=()) -> None:
     src = out.with_suffix(".cpp")
     src.write_text(source)
     tmp = str(out.with_name(f"{out.stem}.build.so.tmp"))
-    cmd = [path, *flags, str(src), "-o", tmp]
+    cmd = [path, *flags, *pch.flags(compiler, extra_flags, source, out.parent), str(src),
+           "-o", tmp]
     try:
         # there from the start (g++ writes -o only when it links): a build killed while
         # compiling leaves a temporary that the next process's sweep finds
