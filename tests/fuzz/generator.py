@@ -464,10 +464,12 @@ def _validated(program: Program) -> Program | None:
     for backward in ([True, False] if program.backward else [False]):
         program.backward = backward
         try:
+            refs = {}
             for v in (0, 1):
-                refs = check.reference(program.case(), v)
-                if backward and not refs["eager"].get("gradients"):
+                refs[v] = check.reference(program.case(), v)
+                if backward and not refs[v]["eager"].get("gradients"):
                     raise Rejected("no output needs a gradient")
+            program.refs = refs
             return program
         except Exception:  # noqa: BLE001 - eager cannot run it: try without backward
             continue

@@ -37,6 +37,9 @@ class Program:
     statements: list[Statement]
     outputs: list[str]
     backward: bool
+    # check.reference's results per size variant, from the generator's validation (the
+    # runner reuses them); not copied by dataclasses.replace, so an edited program has none
+    refs: dict | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def source(self) -> str:

@@ -241,7 +241,7 @@ def run_case(seed: int, configs=CONFIGS, shrink_budget_s: float = 0.0,
     many times) and written to ``repro_dir``."""
     start = time.monotonic()
     program = generate(seed)
-    refs: dict = {}
+    refs: dict = dict(program.refs or {})  # the generator's validation ran them
     failures = []
     passed = set()  # configurations a shared compile passed (check_shared)
     if share:
