@@ -137,8 +137,11 @@ def _eager_trace(seed: int) -> None:
             torch._dynamo.reset()
             compiled = torch.compile(check.load(case["source"]), backend=backend,
                                      dynamic=dynamic)
-            for v in ([0, 1] if dynamic else [0]):
-                check.run(compiled, check.inputs_for(case, v), case, v)
+            try:
+                for v in ([0, 1] if dynamic else [0]):
+                    check.run(compiled, check.inputs_for(case, v), case, v)
+            except Exception as e:  # noqa: BLE001 - an error is no hang: go on
+                print(MARK + json.dumps({"error": f"{type(e).__name__}: {e}"[:300]}), flush=True)
     print(MARK + json.dumps({"statements": len(program.statements),
                              "families": sorted(program.families),
                              "backward": program.backward, "special": program.special,
@@ -165,7 +168,7 @@ def attribute_timeout(seed: int, timeout: float) -> dict:
     marks = [json.loads(line[len(MARK):]) for line in stdout.splitlines()
              if line.startswith(MARK)]
     stage = next((m["stage"] for m in reversed(marks) if "stage" in m), "startup")
-    info = marks[-1] if marks and "stage" not in marks[-1] else {}
+    info = marks[-1] if marks and "source" in marks[-1] else {}
     if code is None:
         return {**record, "upstream": True,
                 "reason": f"without our backend it does not finish in {timeout:.0f} s "

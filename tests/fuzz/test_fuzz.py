@@ -7,6 +7,7 @@ writes its standalone repro under pytest's tmp_path and names it in the message.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -246,20 +247,24 @@ def test_repro_script_runs_standalone(tmp_path):
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("backward", [False, True])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_shared_compile_checks_every_target(dynamic, monkeypatch):
+def test_shared_compile_checks_every_target(dynamic, backward, monkeypatch):
     """check_shared compiles one trace for both targets: a fault in one target's graphs
-    only (forward or backward) must still fail it, and the fault-free backend pass."""
+    only (forward, backward or inference) must still fail it, and the fault-free backend
+    pass (an inference graph too: compile_graph's ``record`` argument, added later, made
+    the shared check raise on every forward-only case, silently falling back to separate
+    compiles, until _FanOut took it)."""
     from pypto_inductor import backend
 
     program = Program(3, _case("")["inputs"],
                       [Statement("v0 = torch.exp(x0) * 0.5", "v0", ["x0"], "unary"),
                        Statement("v1 = v0.sum(0)", "v1", ["v0"], "reduction")],
-                      ["v0", "v1"], True)
+                      ["v0", "v1"], backward)
     assert check_shared(program, ["cpu", "reference"], dynamic, {})
     real = backend.compile_graph
     for target in ("cpu", "reference"):
-        for kind in ("forward", "backward"):
+        for kind in (("forward", "backward") if backward else ("inference",)):
             def faulty(gm, ex, config, k, *rest, target=target, kind=kind):
                 run = real(gm, ex, config, k, *rest)
                 if config.target != target or k != kind:
@@ -323,3 +328,170 @@ def test_worker_death_attributed_by_running_eager_alone(monkeypatch):
     text = fuzz.summarize([ours, upstream, old], args, 0.0)
     assert "| worker deaths: ours / upstream (eager alone dies too) / unattributed | 1 / 1 / 1 |" in text
     assert "| worker died in compiled code | 1 | 1000 |" in text
+
+
+def _fake_worker(tmp_path, behaviour: str) -> list[str]:
+    """A stand-in for the fuzz worker process (no torch): reads seeds, and per
+    ``behaviour`` kills itself with SIGKILL on its first case only ("kill-once", a marker
+    file tells a fresh worker), always ("kill-always"), or never answers ("hang")."""
+    from benchmarks import fuzz
+
+    marker = tmp_path / "killed-once"
+    script = f"""
+import json, os, signal, sys, time
+for line in sys.stdin:
+    seed = int(line)
+    if {behaviour!r} == "hang":
+        time.sleep(600)
+    if {behaviour!r} == "kill-always" or not os.path.exists({str(marker)!r}):
+        open({str(marker)!r}, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    record = dict(seed=seed, statements=3, families=["unary"], backward=False,
+                  special=False, seconds=0.1, failures=[])
+    print({fuzz.MARK!r} + json.dumps(record), flush=True)
+"""
+    return [sys.executable, "-c", script]
+
+
+def _fuzz_module():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks import fuzz
+
+    return fuzz
+
+
+def test_sigkilled_case_reruns_in_a_fresh_worker(tmp_path, monkeypatch):
+    """Run 8's seed 60169: a worker killed by SIGKILL (from outside: the OOM killer, a
+    harness) passed alone. The case runs once more in a fresh worker; passing there it is
+    a case like any other, 'killed externally, passed on re-run', the first death kept."""
+    fuzz = _fuzz_module()
+    args = type("Args", (), {"out": tmp_path, "shrink_seconds": 0.0, "cases": 1, "seed": 5})
+    worker = fuzz.Worker(args, _fake_worker(tmp_path, "kill-once"))
+    record = worker.run(5, timeout=60)
+    worker.close()
+    assert record["note"] == fuzz.KILLED and record["failures"] == []
+    assert record["killed"] == "worker died (exit code -9)"
+    # killed on the re-run too: attributed as any death, both deaths on record
+    monkeypatch.setattr(fuzz, "attribute_death", lambda seed, code, timeout: {
+        "seed": seed, "process": f"worker died (exit code {code})", "upstream": False,
+        "reason": "eager alone runs"})
+    worker = fuzz.Worker(args, _fake_worker(tmp_path, "kill-always"))
+    twice = worker.run(6, timeout=60)
+    worker.close()
+    assert twice["killed"] == "worker died (exit code -9)" and "note" not in twice
+    assert twice["process"] == "worker died (exit code -9)" and twice["upstream"] is False
+    text = fuzz.summarize([record, twice], args, 0.0)
+    assert f"| {fuzz.KILLED} (not a failure) | 1 |" in text
+    assert "| worker deaths: ours / upstream (eager alone dies too) / unattributed | 1 / 0 / 0 |" in text
+    assert f"| {fuzz.KILLED} | 1 | 5 |" in text
+    assert "| cases (programs of 3-15 ops) | 1 |" in text
+
+
+def test_timeout_attributed_by_tracing_with_the_eager_backend(tmp_path, monkeypatch):
+    """Run 8's seed 60034: Dynamo alone spends 20+ minutes in a 3,136-way unbind under
+    dynamic=True. A case that times out is traced and run with backend='eager' (then
+    decomposed_eager) in a fresh process under the same timeout: still hanging ->
+    upstream, with the step; finishing -> ours. The hang and the eager run are faked."""
+    fuzz = _fuzz_module()
+    args = type("Args", (), {"out": tmp_path, "shrink_seconds": 0.0, "cases": 2, "seed": 60034})
+    stages = "".join(fuzz.MARK + json.dumps({"stage": s}) + "\n" for s in
+                     ("the generator's eager validation", "backend='eager', static",
+                      "backend='eager', dynamic"))
+
+    def hangs(cmd, **kw):
+        assert "--eager-trace" in cmd and kw["timeout"] == 1
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=stages)
+    monkeypatch.setattr(fuzz.subprocess, "run", hangs)
+    worker = fuzz.Worker(args, _fake_worker(tmp_path, "hang"))
+    upstream = worker.run(60034, timeout=1)
+    assert not worker.alive  # killed: the driver starts a fresh one
+    assert upstream["process"] == "timeout after 1 s" and upstream["upstream"] is True
+    assert "backend='eager', dynamic" in upstream["reason"]
+    done = stages + fuzz.MARK + json.dumps({"statements": 4, "source": "def fn(x0): ..."}) + "\n"
+    monkeypatch.setattr(fuzz.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 0, stdout=done, stderr=""))
+    ours = fuzz.attribute_timeout(7, 1)
+    assert ours["upstream"] is False and ours["source"] == "def fn(x0): ..."
+    old = {"seed": 8, "process": "timeout after 1200 s"}  # run 8's record, not attributed
+    text = fuzz.summarize([upstream, ours, old], args, 0.0)
+    assert ("| timeouts: ours / upstream (backend='eager' does not finish either) / "
+            "unattributed | 1 / 1 / 1 |") in text
+    assert "| timeout in our backend (backend='eager' finishes) | 1 | 7 |" in text
+    assert "| timeout, backend='eager' does not finish either (upstream) | 1 | 60034 |" in text
+
+
+def test_resume_attributes_older_timeouts_and_reruns_sigkills(monkeypatch):
+    """Records of an older runner (run 8's 60034 and 60169) are attributed on --resume."""
+    fuzz = _fuzz_module()
+    timeout = {"seed": 60034, "process": "timeout after 1200 s"}
+    killed = {"seed": 60169, "process": "worker died (exit code -9)", "upstream": False}
+    segv = {"seed": 50417, "process": "worker died (exit code -11)", "upstream": True}
+    assert fuzz._unsettled(timeout) and fuzz._unsettled(killed) and not fuzz._unsettled(segv)
+    monkeypatch.setattr(fuzz, "attribute_timeout", lambda seed, t: {**timeout, "upstream": True})
+
+    class Passing:
+        def __init__(self, args):
+            pass
+
+        def run(self, seed, timeout, rerun_killed=True):
+            assert not rerun_killed
+            return {"seed": seed, "failures": []}
+
+        def close(self):
+            pass
+    monkeypatch.setattr(fuzz, "Worker", Passing)
+    args = type("Args", (), {"timeout": 1200})
+    assert fuzz._settle(timeout, args)["upstream"] is True
+    again = fuzz._settle(killed, args)
+    assert again["note"] == fuzz.KILLED and again["killed"] == killed["process"]
+    assert not fuzz._unsettled(again)
+
+
+def test_eager_trace_runs_a_case_without_our_backend(capsys):
+    """The attribution's own run (``--eager-trace``): every stage, then the program."""
+    fuzz = _fuzz_module()
+    fuzz._eager_trace(1000)
+    out = [json.loads(line[len(fuzz.MARK):]) for line in capsys.readouterr().out.splitlines()
+           if line.startswith(fuzz.MARK)]
+    assert [m["stage"] for m in out if "stage" in m] == [
+        "the generator's eager validation", "backend='eager', static",
+        "backend='eager', dynamic", "backend='decomposed_eager', static",
+        "backend='decomposed_eager', dynamic"]
+    assert "def fn" in out[-1]["source"]
+
+
+def test_unbind_and_split_stay_short():
+    """Dynamo traces every piece of an unbind or split (under dynamic=True with symbolic
+    guards per piece): seed 60034's 3,136-way unbind took over 20 minutes. The generator
+    keeps them to MAX_PIECES pieces."""
+    import re
+
+    from . import generator
+
+    b = generator.Builder(1, 0)
+    for dims in ([(64, 48), (3, 5)], [(1000, 257)]):
+        name = b.new_input(dims, "f32")
+        spec = b._pending.pop()
+        b.inputs.append(spec)
+        b.names.append(name)
+        b.values[name] = [check.make_input(spec, v, b.seed) for v in (0, 1)]
+    seen = set()
+    for attempt in range(300):
+        b.rng.seed(attempt)
+        before = len(b.statements)
+        try:
+            generator._cat(b)
+        except generator.Rejected:
+            continue
+        if len(b.statements) == before:
+            continue
+        s = b.statements.pop()
+        b.names.remove(s.defines)
+        got = re.search(r"(\w+)\.unbind\((-?\d)\)|torch\.split\((\w+), 2, dim=(-?\d)\)", s.text)
+        if got:
+            name, d = (got.group(1), got.group(2)) if got.group(1) else got.group(3, 4)
+            size = max(b.shapes(name)[v][int(d)] for v in (0, 1))
+            pieces = size if "unbind" in s.text else (size + 1) // 2
+            assert pieces <= generator.MAX_PIECES, s.text
+            seen.add("unbind" if "unbind" in s.text else "split")
+    assert seen == {"unbind", "split"}  # the short ones are still generated

@@ -26,7 +26,7 @@ from .prelude import PRELUDE
 
 # the prelude's include block, verbatim: a source that starts with it can take the header
 HEADER = PRELUDE[:PRELUDE.index("#define PI_INLINE")].lstrip("\n")
-_built: dict[str, str | None] = {}  # key -> header path, or None when building failed
+_built: dict[str, str | None] = {}  # its directory -> header path, None: build failed
 _lock = threading.Lock()
 
 
@@ -43,10 +43,11 @@ def flags(compiler, extra_flags, source: str, root: Path) -> list[str]:
         return []
     cflags = [f for f in (*base, *extra_flags) if f != "-shared"]
     key = hashlib.sha256("\0".join([path, version, *cflags, HEADER]).encode()).hexdigest()[:24]
+    where = root / "pch" / key
     with _lock:
-        if key not in _built:
-            _built[key] = _build(path, cflags, root / "pch" / key)
-        header = _built[key]
+        if str(where) not in _built:
+            _built[str(where)] = _build(path, cflags, where)
+        header = _built[str(where)]
     return ["-include", header] if header else []
 
 
@@ -56,6 +57,8 @@ def _build(path: str, cflags: list[str], where: Path) -> str | None:
     with FileLock(str(where / "build.lock")):
         if gch.exists() and header.exists():
             return str(header)
+        for stale in where.glob("pi_std.h.gch.*.tmp"):  # a killed build's (we hold the lock)
+            stale.unlink(missing_ok=True)
         header.write_text(HEADER)
         tmp = where / f"pi_std.h.gch.{os.getpid()}.tmp"
         try:
