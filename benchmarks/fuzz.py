@@ -8,7 +8,11 @@ Cases run in worker processes (``--jobs``), so a native crash or a hang
 is shrunk and written as a standalone repro under ``--out``. A worker that dies
 (a signal, an abort) is attributed by running the case's eager side alone (the
 generator's validation and the reference runs, ``--eager-only``) in a fresh process:
-if that dies too, the death is upstream (torch's eager), else it is ours. The summary counts
+if that dies too, the death is upstream (torch's eager), else it is ours; a SIGKILL (from
+outside: the OOM killer, a harness) first re-runs the case once in a fresh worker. A case
+that times out is traced and run without our backend (``backend="eager"``, then
+``decomposed_eager``) under the same timeout: hanging there too it is upstream, else
+ours (docs/fuzz.md, "Failures"). The summary counts
 cases, configurations, crashes and mismatches by category; ``--markdown PATH``
 puts it between the result markers of PATH (docs/fuzz.md), ``--json PATH`` keeps
 every case's record.
