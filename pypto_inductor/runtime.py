@@ -76,7 +76,7 @@ class CompiledGraph:
     """Runs a FusionPlan; called as ``compiled(args)`` with a list it empties (boxed)."""
 
     def __init__(self, plan: FusionPlan, target: Target, config: Config,
-                 eager: Callable | None = None):
+                 eager: Callable | None = None, saved_from: int | None = None):
         self.plan = plan
         self.config = config
         self.eager = eager  # the graph's ATen module: runs calls with tensors on other devices
@@ -116,7 +116,7 @@ class CompiledGraph:
             graph, self.program, self._free_after, probe=self._probe,
             cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
             timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty,
-            reused=reused, pool_start=sized)
+            reused=reused, pool_start=sized, saved_from=saved_from)
         scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
                  "getrefcount": _getrefcount, "use_count": _use_count,
                  "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}
@@ -298,6 +298,12 @@ class CompiledGraph:
     # its last use here, not when the whole graph returns (docs/memory.md)
     def __call__(self, args: list) -> list:
         return self._call(args)
+
+    @property
+    def call(self) -> Callable[[list], list]:
+        """The generated function, boxed as :meth:`__call__` (the backend hands it to
+        AOTAutograd: no frame of this object's per call)."""
+        return self._call
 
     def _other_device(self, args) -> list:
         if self.eager is not None:

@@ -94,13 +94,16 @@ def _has_refs(x) -> bool:
 
 def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
                  profile: bool, timings: dict, kernels: dict, pool_empty: set,
-                 reused: dict | None = None, pool_start: bool = True) -> tuple[str, dict]:
+                 reused: dict | None = None, pool_start: bool = True,
+                 saved_from: int | None = None) -> tuple[str, dict]:
     """(source of ``call(args)``, the objects it binds). See the module docstring.
 
     ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
     the inputs, then the constants, then each value a step defines. ``free_after``: per
     step, the slots whose last reader it is (to drop, and to give back to ``pool``).
-    ``reused`` gets, per kernel output written into a dead buffer, that buffer's slot."""
+    ``reused`` gets, per kernel output written into a dead buffer, that buffer's slot.
+    ``saved_from``: a training forward's first output saved for the backward
+    (:func:`_returned_views`)."""
     code = GraphCode(graph.symbols)
     slot = dict(graph_slots(graph, program))
     names = {}  # slot -> variable name
@@ -147,7 +150,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     # slot -> (sizes, strides, storage offset, dtype) known at compile time: static outputs
     # of kernels the generated code allocates (fresh, contiguous) and views of them
     fixed: dict[int, tuple] = {}
-    aliased = _returned_views(graph, program) if REINTERPRET_VIEWS else None
+    aliased = _returned_views(graph, program, saved_from) if REINTERPRET_VIEWS else None
     spec_of = slot_specs(graph, program)
     if aliased is not None:
         code.bound["reinterpret"] = reinterpret_tensor
@@ -170,8 +173,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     def make(s):  # a pending view, made now (a reader needs the tensor)
         made_views.add(s)
         root, lay = pending.pop(s)
-        out.append(f"    {names[s]} = reinterpret({names[root]}, {lay[0]}, {lay[1]}, "
-                   f"{lay[2] - fixed[root][2]})")
+        out.append(_reinterpret(names[s], names[root], lay, fixed[root]))
 
     returned = {slot[o] for o in outputs if isinstance(o, str) and o in slot}
 
@@ -285,8 +287,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 if FOLD_VIEWS:
                     defer(outs[0], base, lay)
                 else:
-                    out.append(f"    {defs[0]} = reinterpret({b}, {lay[0]}, {lay[1]}, "
-                               f"{lay[2] - fixed[base][2]})")
+                    out.append(_reinterpret(defs[0], b, lay, fixed[base]))
             else:
                 if base in pending:
                     make(base)
@@ -320,8 +321,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 defer(outs[0], ins[0], lay)
             elif lay is not None:  # the view's layout, known now: no view call per call
                 fixed[outs[0]] = lay
-                off = lay[2] - fixed[ins[0]][2]
-                out.append(f"    {defs[0]} = reinterpret({args}, {lay[0]}, {lay[1]}, {off})")
+                out.append(_reinterpret(defs[0], args, lay, fixed[ins[0]]))
             elif aliased is not None and outs[0] not in aliased and len(ins) == 1 \
                     and step.op == "view" and ins[0] not in pending \
                     and _same_spec(spec_of.get(ins[0]), spec_of.get(outs[0])):
@@ -397,16 +397,24 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
 reinterpret_tensor = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)
 REINTERPRET_VIEWS = reinterpret_tensor is not None  # the benchmark's "before" turns it off
 RETURNED_REINTERPRET = True  # likewise: a returned view of an intermediate (_returned_views)
+SAVED_REINTERPRET = True  # likewise: a forward's saved view of an intermediate (_returned_views)
+IDENTITY_VIEWS = True  # likewise: a view of its base's own layout is the base (_reinterpret)
 
 
-def _returned_views(graph, program) -> set[int]:
+def _returned_views(graph, program, saved_from: int | None = None) -> set[int]:
     """View slots that are returned or that a returned value is (a view of) a view of.
 
     Except (RETURNED_REINTERPRET) a returned view of a graph intermediate that nothing else
     returned shares (not the intermediate, no other view of it), as Inductor returns its
     reinterpret_tensor: AOTAutograd regenerates an output from its base only where the
     base is a graph input or an output too, or both require grad (then it makes the base an
-    output), and the graph's other values are dead when it returns."""
+    output), and the graph's other values are dead when it returns.
+
+    ``saved_from``: a training forward's first output AOTAutograd saves for the backward
+    (``fw_metadata.num_forward``). Those it never regenerates, and it detaches each that
+    is a view: a saved view of an intermediate that no output before ``saved_from`` shares
+    (SAVED_REINTERPRET) counts as not returned, so it is a reinterpret (no view record:
+    no detach) or the tensor itself."""
     slots = dict(graph_slots(graph, program))
     returned = [slots[o] for o in graph.outputs if isinstance(o, str) and o in slots]
     base = {outs[0]: ins for kind, _, _, ins, outs, _ in program
@@ -421,9 +429,21 @@ def _returned_views(graph, program) -> set[int]:
     chains = [chain(s) for s in returned]
     roots = [c[-1] for c in chains]
     first = len(graph.inputs) + len(graph.constants)  # slots of values the graph computes
-    out = set(returned)
+    saved = set()
+    if saved_from is not None and SAVED_REINTERPRET:
+        at = [j for j, o in enumerate(graph.outputs) if isinstance(o, str) and o in slots]
+        # roots a user-visible output shares (the user may write into it in place: the
+        # saved view must keep its version counter) or reached through a multi-input view
+        shared = {v for j, c in zip(at, chains) if j < saved_from for v in c}
+        for j, s, c in zip(at, returned, chains):
+            if j >= saved_from and c[-1] >= first and c[-1] not in base \
+                    and not shared & set(c) and all(len(base.get(v, ())) == 1 for v in c[:-1]):
+                saved.add(s)
+    out = set(returned) - saved
     for s, c in zip(returned, chains):
         r = c[-1]
+        if s in saved:
+            continue
         if RETURNED_REINTERPRET and s != r and r >= first and r not in base \
                 and r not in returned and roots.count(r) == 1 and all(
                     len(base.get(v, ())) == 1 for v in c[:-1]):
@@ -434,6 +454,15 @@ def _returned_views(graph, program) -> set[int]:
         if kind == "view" and outs and outs[0] in out:
             out.update(ins)
     return out
+
+
+def _reinterpret(name: str, base: str, lay: tuple, of: tuple) -> str:
+    """The line making ``name`` a view of layout ``lay`` of ``base`` (layout ``of``):
+    ``base`` itself where the layouts are the same (a transpose of a transpose, a reshape
+    to its own shape: no call, and a saved tensor no view for AOTAutograd to detach)."""
+    if IDENTITY_VIEWS and lay[:3] == of[:3] and lay[3] == of[3]:
+        return f"    {name} = {base}"
+    return f"    {name} = reinterpret({base}, {lay[0]}, {lay[1]}, {lay[2] - of[2]})"
 
 
 def _fix_outputs(fixed: dict, outs, launch) -> None:

@@ -300,3 +300,63 @@ def test_returned_views_of_intermediates_are_reinterpreted():
             torch.testing.assert_close(g, e)
         assert got[2]._base is got[1] or got[2].untyped_storage().data_ptr() == \
             got[1].untyped_storage().data_ptr()
+
+
+def _train_sources(fn, *inputs):
+    """fn's forward and backward graph code, after one backward through it."""
+    torch._dynamo.reset()
+    with collect() as reports:
+        torch.compile(fn, backend="pypto")(*inputs).backward()
+    return {r.name.split("_", 1)[1]: r.compiled.source for r in reports if r.compiled is not None}
+
+
+def test_linear_cross_entropy_step_graph_code():
+    # wrapper.SAVED_REINTERPRET: the forward's saved reshape of the logits to their own shape
+    # is the logits themselves (no view call, no detach by AOTAutograd); matmul.MM_2D: the
+    # weight gradient's GEMM is torch.mm, a fresh product whose transpose of a transpose
+    # is the product itself (wrapper.IDENTITY_VIEWS)
+    lin = torch.nn.Linear(16, 5)
+
+    def step(x, y):
+        return F.cross_entropy(lin(x), y)
+
+    x, y = torch.randn(4, 16), torch.randint(0, 5, (4,))
+    sources = _train_sources(step, x, y)
+    assert ".reshape(" not in sources["forward"], sources["forward"]
+    assert ".permute(" not in sources["backward"], sources["backward"]
+    assert ", (5, 16), (16, 1), 0)" not in sources["backward"], sources["backward"]
+    compiled = torch.compile(step, backend="pypto")
+    for _ in range(3):
+        x, y = torch.randn(4, 16), torch.randint(0, 5, (4,))
+        lin.zero_grad()
+        step(x, y).backward()
+        want = [p.grad.clone() for p in lin.parameters()]
+        lin.zero_grad()
+        compiled(x, y).backward()
+        for p, w in zip(lin.parameters(), want):
+            torch.testing.assert_close(p.grad, w)
+
+
+def saved_view_of_output(x, w):
+    y = torch.exp(x @ w)
+    z = y.t()
+    return y, (z * z).sum()
+
+
+def test_saved_view_of_a_returned_value_keeps_its_version_check():
+    # a saved view of a value the user gets back stays a real view: writing into the
+    # returned value in place still makes the backward raise, as in eager
+    x, w = torch.randn(4, 6), torch.randn(6, 3, requires_grad=True)
+    compiled = torch.compile(saved_view_of_output, backend="pypto")
+    for fn in (saved_view_of_output, compiled):
+        y, loss = fn(x, w)
+        with torch.no_grad():
+            y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    y, loss = compiled(x, w)
+    loss.backward()
+    g = w.grad.clone()
+    w.grad = None
+    saved_view_of_output(x, w)[1].backward()
+    torch.testing.assert_close(g, w.grad)

@@ -58,6 +58,8 @@ INLINE_GEMMS = True
 # ... and a GEMM with a native epilogue pass as the GEMM call plus the epilogue kernel's
 # launch (EpilogueCall), not a call of the tile's Python wrapper (the benchmark's "before")
 INLINE_EPILOGUES = True
+# A GEMM of two 2-D operands calls torch.mm, not torch.matmul (the benchmark's "before")
+MM_2D = True
 # No relu: oneDNN's relu post-op gives 0 for a NaN product where eager's relu keeps NaN
 # (fuzz seed 30644); it runs as the native epilogue pass instead.
 _UNARY_POST_OPS = {"sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""), "silu": ("swish", "")}
@@ -248,9 +250,14 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
     if isinstance(srcs, OneDnnLinear):
         return onednn_kernel(tile, graph, mm, bias, srcs, getters)
     if bias is None:
+        # two 2-D operands: torch.mm itself (what matmul calls: one dispatch fewer, and
+        # the product is known fresh and contiguous, GemmCall.fresh)
+        mm_fn = torch.mm if MM_2D and all(
+            len(graph.specs[a].shape) == 2 for a in mm.args[:2]) else torch.matmul
+
         def product(inputs):
-            return torch.matmul(inputs[ia], inputs[ib])
-        product_call = (torch.matmul, (("in", ia), ("in", ib)))
+            return mm_fn(inputs[ia], inputs[ib])
+        product_call = (mm_fn, (("in", ia), ("in", ib)))
     else:  # the GEMM adds the bias (beta = 1)
         gemm, ic = (torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm), slot[bias]
 
@@ -275,7 +282,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
 
         operands = ((("in", ia), ("in", ib)) if bias is None
                     else (("in", slot[bias]), ("in", ia), ("in", ib)))
-        fn = torch.matmul if bias is None else gemm
+        fn = mm_fn if bias is None else gemm
         same = [(kind, idx, None if shape is None or _same_shape(shape, mm.out.shape)
                  else shape) for kind, idx, shape in getters]  # no reshape to its own shape
         return Kernel(kernel, native=True, launch=_gemm_call(fn, operands, same))
