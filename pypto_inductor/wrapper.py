@@ -788,7 +788,7 @@ def _linear_weights(graph, program, kernels, chains, interior) -> set[int]:
         if not LINEAR_ANY_POSITION and uins[-1] != outs[0]:  # the benchmark's "before"
             continue
         x = specs[ops[-2][1]]
-        if launch.fn is torch.matmul and len(ops) == 2 and len(x.shape) == 2:
+        if launch.fn in (torch.matmul, torch.mm) and len(ops) == 2 and len(x.shape) == 2:
             found.add(outs[0])
         elif launch.fn is torch.addmm and len(ops) == 3 and len(x.shape) == 2 \
                 and len(specs[ops[0][1]].shape) == 1:

@@ -324,6 +324,10 @@ def test_linear_cross_entropy_step_graph_code():
     sources = _train_sources(step, x, y)
     assert ".reshape(" not in sources["forward"], sources["forward"]
     assert ".permute(" not in sources["backward"], sources["backward"]
+    # the input's gradient mm(grad, w) on the saved transpose's transpose: F.linear on the
+    # saved tensor itself (wrapper._linear_weights on torch.mm)
+    backward = _train_sources(step, x.requires_grad_(), y)["backward"]
+    assert ".permute(" not in backward and "linear(" in backward, backward
     assert ", (5, 16), (16, 1), 0)" not in sources["backward"], sources["backward"]
     compiled = torch.compile(step, backend="pypto")
     for _ in range(3):
