@@ -108,7 +108,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
                               for a, b, why, c in convs]
         convs.clear()
     context = torch._guards.TracingContext.try_get()
-    # a training forward's outputs from here on are saved for the backward (wrapper.py)
+    # a training forward's outputs from here on are saved for the backward (codegen/graph/layouts.py)
     saved_from = getattr(context and context.fw_metadata, "num_forward", None) \
         if name.endswith("_forward") else None
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward,

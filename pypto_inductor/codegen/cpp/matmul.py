@@ -394,7 +394,7 @@ def _gemm_call(fn, operands, getters) -> GemmCall | None:
 @dataclasses.dataclass(frozen=True)
 class GemmCall:
     """A GEMM tile (addmm, matmul, oneDNN linear) as the graph's generated code calls it
-    (wrapper.py): the torch call itself written out, its outputs (the product, reshaped
+    (codegen/graph): the torch call itself written out, its outputs (the product, reshaped
     where the tile's outputs have other shapes) assigned directly: no wrapper frame, no
     input or result list. The wrapper's own ``kernel`` stays for everything else."""
 
@@ -403,7 +403,7 @@ class GemmCall:
     # ("view", input index, shape): a view of it, ("const", value)
     operands: tuple
     shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
-    gemm = True  # tells wrapper.py this is not a native kernel's Launch
+    gemm = True  # tells codegen/graph this is not a native kernel's Launch
 
     def fresh(self, linear: bool) -> bool:
         """Whether the product is a fresh contiguous 2-D tensor (mm, addmm and 2-D linear
@@ -414,7 +414,7 @@ class GemmCall:
                fresh: tuple = ()) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
         ``size(expr)`` prints a size expression. ``linear``: the right operand is the transpose
-        of a weight (wrapper._linear_weights): ``linear(x, w[, bias])`` on the weight;
+        of a weight (graph.views.linear_weights): ``linear(x, w[, bias])`` on the weight;
         ``fresh``: outputs that may be written as ``reinterpret`` (bound by the caller) of
         the product where :meth:`fresh` and their shape is static."""
         if linear:  # matmul(x, wT) -> linear(x, w); addmm(b, x, wT) -> linear(x, w, b)
@@ -452,7 +452,7 @@ class GemmCall:
 @dataclasses.dataclass(frozen=True)
 class EpilogueCall:
     """A GEMM tile with a native epilogue pass as the graph's generated code writes it
-    (wrapper.py): the torch GEMM call, the epilogue's inputs reshaped onto its domain
+    (codegen/graph): the torch GEMM call, the epilogue's inputs reshaped onto its domain
     ``T``, the epilogue kernel's inline launch (launcher.Launch) and the tile's outputs
     (reshaped where their shapes differ), instead of a call of :func:`assemble`'s Python
     wrapper (its frame, input list, feed loop, allocator closure and result list cost
@@ -464,7 +464,7 @@ class EpilogueCall:
     getters: tuple  # per tile output: ("mm" or "epi", epilogue output index, shape or None)
     T: tuple  # the epilogue's domain (the product is reshaped onto it)
     native: object  # the epilogue kernel's launcher.Launch
-    gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
+    gemm = True  # codegen/graph: a torch call (its buffers take the runtime's refcount check)
 
     def fresh(self, linear: bool) -> bool:
         return GemmCall.fresh(self, linear)
@@ -476,7 +476,7 @@ class EpilogueCall:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
         allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
         ``linear`` as in :meth:`GemmCall.source`; ``reuse``: epilogue output index -> a
-        dead buffer to write it into (wrapper.static_reuse); ``direct``: epilogue output
+        dead buffer to write it into (graph.buffers.static_reuse); ``direct``: epilogue output
         index -> (sizes, strides) of a small static output, ``key`` the epilogue's layout
         key (launcher.Launch.source)."""
         def shape(dims):
