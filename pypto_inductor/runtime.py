@@ -3,7 +3,7 @@
 It builds the plan's steps (one kernel per FusionTile, views zero-copy, extern ATen
 ops eagerly), numbers the values in slots, plans when each intermediate dies (and
 when a dead kernel output goes back to the buffer pool), and has
-:mod:`.wrapper` write all of it out as one straight-line Python function, compiled
+:mod:`.codegen.graph` write all of it out as one straight-line Python function, compiled
 once: per call only that function runs (no step loop, no sympy).
 """
 from __future__ import annotations
@@ -28,8 +28,7 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, numel, resolve_static, size_function
-from . import wrapper
-from .wrapper import compile_graph, graph_source, small_outputs, static_reuse
+from .codegen.graph import buffers, compile_graph, graph_source, small_outputs, static_reuse
 
 
 class KernelBuildError(RuntimeError):
@@ -76,7 +75,7 @@ class CompiledGraph:
     """Runs a FusionPlan; called as ``compiled(args)`` with a list it empties (boxed)."""
 
     def __init__(self, plan: FusionPlan, target: Target, config: Config,
-                 eager: Callable | None = None):
+                 eager: Callable | None = None, saved_from: int | None = None):
         self.plan = plan
         self.config = config
         self.eager = eager  # the graph's ATen module: runs calls with tensors on other devices
@@ -108,7 +107,7 @@ class CompiledGraph:
         self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
         self._free_after = self._liveness()
         reused: dict[int, int] = {}
-        # small static outputs never go to the pool (wrapper.small_outputs)
+        # small static outputs never go to the pool (codegen/graph/buffers.small_outputs)
         self._small = (small_outputs(self.program, self.kernels, self.pool_empty)
                        if self.pool is not None else {})
         sized = self._pool_sized()
@@ -116,7 +115,7 @@ class CompiledGraph:
             graph, self.program, self._free_after, probe=self._probe,
             cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
             timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty,
-            reused=reused, pool_start=sized)
+            reused=reused, pool_start=sized, saved_from=saved_from)
         scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
                  "getrefcount": _getrefcount, "use_count": _use_count,
                  "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}
@@ -167,12 +166,12 @@ class CompiledGraph:
 
     def _small_outputs(self, tile: FusionTile) -> bool:
         """Whether every output of the tile has a static shape of at most
-        wrapper.SMALL_OUTPUT_BYTES: a kernel called through its wrapper (a GEMM with a
+        buffers.SMALL_OUTPUT_BYTES: a kernel called through its wrapper (a GEMM with a
         native epilogue) then allocates them itself, no pool round trip and refcount check
-        (inline kernels: wrapper.small_outputs)."""
+        (inline kernels: buffers.small_outputs)."""
         specs = [self.plan.graph.specs[n] for n in tile.outputs if n is not None]
         return all(not is_symbolic(numel(sp.shape)) and
-                   int(numel(sp.shape)) * sp.dtype.itemsize <= wrapper.SMALL_OUTPUT_BYTES
+                   int(numel(sp.shape)) * sp.dtype.itemsize <= buffers.SMALL_OUTPUT_BYTES
                    for sp in specs)
 
     def _build_kernel(self, tile: FusionTile, target: Target) -> Kernel:
@@ -247,7 +246,7 @@ class CompiledGraph:
     def _pooled_peak(self, reused: dict[int, int]) -> Callable[[tuple], int]:
         """syms -> the most bytes of pooled kernel outputs alive at once in a call: what
         the pool may hold for this graph. A kernel output lives from its step to its last
-        reader's; one the generated code keeps for a later kernel's output (wrapper.py's
+        reader's; one the generated code keeps for a later kernel's output (codegen/graph's
         static reuse) until the call returns; one written into such a kept buffer
         (``reused``) allocates nothing."""
         graph = self.plan.graph
@@ -299,6 +298,12 @@ class CompiledGraph:
     def __call__(self, args: list) -> list:
         return self._call(args)
 
+    @property
+    def call(self) -> Callable[[list], list]:
+        """The generated function, boxed as :meth:`__call__` (the backend hands it to
+        AOTAutograd: no frame of this object's per call)."""
+        return self._call
+
     def _other_device(self, args) -> list:
         if self.eager is not None:
             return list(self.eager(*args))
@@ -313,7 +318,7 @@ class CompiledGraph:
 # A pooled buffer goes back only when no other Python reference (the same tensor object
 # in another variable, say an extern op that returned its input) and no other tensor (a
 # view) holds it: the next call overwrites it. The counts of a lone tensor are probed with
-# the very expressions the generated code (wrapper.py) runs on a local variable, so they
+# the very expressions the generated code (codegen/graph) runs on a local variable, so they
 # hold whatever the interpreter's refcounting does.
 _pool_tokens = itertools.count()
 _getrefcount = sys.getrefcount

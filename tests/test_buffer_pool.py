@@ -7,7 +7,8 @@ import gc
 import pytest
 import torch
 
-from pypto_inductor import models, wrapper
+from pypto_inductor import models
+from pypto_inductor.codegen.graph import buffers
 from pypto_inductor.codegen.cpp import alloc as host_alloc
 from pypto_inductor.report import collect
 
@@ -32,7 +33,7 @@ def fresh_pool(monkeypatch):
     monkeypatch.setattr(host_alloc, "POOL", host_alloc.BufferPool())
     # the buffers here are small: pooled all the same (by default a static output of at
     # most 64 KiB is allocated directly: test_graph_code.py)
-    monkeypatch.setattr(wrapper, "SMALL_OUTPUT_BYTES", -1)
+    monkeypatch.setattr(buffers, "SMALL_OUTPUT_BYTES", -1)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The graph's generated code (wrapper.py): view chains as one as_strided, GEMM tiles as the
+"""The graph's generated code (codegen/graph): view chains as one as_strided, GEMM tiles as the
 torch call itself. Every case is checked against eager on fresh inputs."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor import wrapper
+from pypto_inductor.codegen.graph import layouts
 from pypto_inductor.report import collect
 
 
@@ -128,7 +128,7 @@ def linears_2d(x, w1, b1, w2, w3):
 
 def test_linear_weights_are_read_untransposed():
     # a 2-D transpose read only as a GEMM's right operand: F.linear on the weight itself
-    # (wrapper._linear_weights), the same ATen call without a view per call
+    # (views.linear_weights), the same ATen call without a view per call
     x, w1, b1 = torch.randn(5, 16), torch.randn(32, 16), torch.randn(32)
     w2, w3 = torch.randn(32, 32), torch.randn(8, 32)
     out, source = _compiled(linears_2d, x, w1, b1, w2, w3)
@@ -147,7 +147,7 @@ def small_and_large(x, y, w):
 
 
 def test_small_static_outputs_are_allocated_directly():
-    # outputs of at most wrapper.SMALL_OUTPUT_BYTES with a static shape: empty_strided with
+    # outputs of at most buffers.SMALL_OUTPUT_BYTES with a static shape: empty_strided with
     # the strides written out, not the buffer pool (y's 128 KiB sin still takes the pool)
     x, y, w = torch.randn(4, 16), torch.randn(2048, 16), torch.randn(16, 16)
     out, source = _compiled(small_and_large, x, y, w)
@@ -175,7 +175,7 @@ def test_small_outputs_with_dynamic_sizes_take_the_pool():
 
 def gemm_and_sdpa_readers(x, w1, w2):
     # each pooled kernel output dies in a GEMM or SDPA (fresh results, no reference kept):
-    # a later kernel writes into it, decided at compile time (wrapper.static_reuse)
+    # a later kernel writes into it, decided at compile time (buffers.static_reuse)
     a = torch.exp(x) * 2
     b = torch.tanh(a @ w1) + a
     c = torch.sin(b @ w2) * b
@@ -206,12 +206,12 @@ def views_of_kernel_outputs(x, w):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_views_of_kernel_outputs_are_reinterpreted(dynamic, monkeypatch):
-    # wrapper.REINTERPRET_VIEWS: a view of a static kernel output is Inductor's
+    # layouts.REINTERPRET_VIEWS: a view of a static kernel output is Inductor's
     # reinterpret_tensor with the sizes, strides and offset written out (where a reader
-    # needs the tensor: wrapper.FOLD_VIEWS, off here, passes it to native kernels as its
+    # needs the tensor: layouts.FOLD_VIEWS, off here, passes it to native kernels as its
     # base and an offset: test_views_read_by_native_kernels_are_offsets)
-    monkeypatch.setattr(wrapper, "FOLD_VIEWS", False)
-    monkeypatch.setattr(wrapper, "RETURNED_REINTERPRET", False)  # see the test below
+    monkeypatch.setattr(layouts, "FOLD_VIEWS", False)
+    monkeypatch.setattr(layouts, "RETURNED_REINTERPRET", False)  # see the test below
     x, w = torch.randn(128, 16), torch.randn(32, 8)
     out, source = _compiled(views_of_kernel_outputs, x, w, dynamic=dynamic)
     for got, want in zip(out, views_of_kernel_outputs(x, w)):
@@ -234,7 +234,7 @@ def linear_heads(x, w, b):
 
 
 def test_views_of_gemm_products_are_reinterpreted(monkeypatch):
-    monkeypatch.setattr(wrapper, "FOLD_VIEWS", False)
+    monkeypatch.setattr(layouts, "FOLD_VIEWS", False)
     x, w, b = torch.randn(32, 16), torch.randn(32, 16), torch.randn(32)
     out, source = _compiled(linear_heads, x, w, b)
     for got, want in zip(out, linear_heads(x, w, b)):
@@ -256,11 +256,11 @@ def views_for_two_readers(x, w, w2):
 
 @pytest.mark.parametrize("fold", [True, False])
 def test_views_read_by_native_kernels_are_offsets(fold, monkeypatch):
-    # wrapper.FOLD_VIEWS: a view of a compile-time layout read only by native kernels is
+    # layouts.FOLD_VIEWS: a view of a compile-time layout read only by native kernels is
     # never made: each kernel gets its base and the view's byte offset (the kernel's
     # metadata holds the view's sizes and strides); a view another reader needs (a GEMM)
     # is made just before that reader, and the base lives until the last reader
-    monkeypatch.setattr(wrapper, "FOLD_VIEWS", fold)
+    monkeypatch.setattr(layouts, "FOLD_VIEWS", fold)
     x, w, w2 = torch.randn(2, 5, 6), torch.randn(6, 24), torch.randn(8, 3)
     out, source = _compiled(views_for_two_readers, x, w, w2)
     for got, want in zip(out, views_for_two_readers(x, w, w2)):
@@ -284,7 +284,7 @@ def returned_views(x):
 
 
 def test_returned_views_of_intermediates_are_reinterpreted():
-    # wrapper.RETURNED_REINTERPRET: a returned view of an intermediate nothing else returned
+    # layouts.RETURNED_REINTERPRET: a returned view of an intermediate nothing else returned
     # shares is Inductor's reinterpret_tensor (AOTAutograd regenerates no such output); a
     # view of a returned value stays a view of it
     x = torch.randn(8, 16)
@@ -300,3 +300,67 @@ def test_returned_views_of_intermediates_are_reinterpreted():
             torch.testing.assert_close(g, e)
         assert got[2]._base is got[1] or got[2].untyped_storage().data_ptr() == \
             got[1].untyped_storage().data_ptr()
+
+
+def _train_sources(fn, *inputs):
+    """fn's forward and backward graph code, after one backward through it."""
+    torch._dynamo.reset()
+    with collect() as reports:
+        torch.compile(fn, backend="pypto")(*inputs).backward()
+    return {r.name.split("_", 1)[1]: r.compiled.source for r in reports if r.compiled is not None}
+
+
+def test_linear_cross_entropy_step_graph_code():
+    # layouts.SAVED_REINTERPRET: the forward's saved reshape of the logits to their own shape
+    # is the logits themselves (no view call, no detach by AOTAutograd); matmul.MM_2D: the
+    # weight gradient's GEMM is torch.mm, a fresh product whose transpose of a transpose
+    # is the product itself (layouts.IDENTITY_VIEWS)
+    lin = torch.nn.Linear(16, 5)
+
+    def step(x, y):
+        return F.cross_entropy(lin(x), y)
+
+    x, y = torch.randn(4, 16), torch.randint(0, 5, (4,))
+    sources = _train_sources(step, x, y)
+    assert ".reshape(" not in sources["forward"], sources["forward"]
+    assert ".permute(" not in sources["backward"], sources["backward"]
+    # the input's gradient mm(grad, w) on the saved transpose's transpose: F.linear on the
+    # saved tensor itself (views.linear_weights on torch.mm)
+    backward = _train_sources(step, x.requires_grad_(), y)["backward"]
+    assert ".permute(" not in backward and "linear(" in backward, backward
+    assert ", (5, 16), (16, 1), 0)" not in sources["backward"], sources["backward"]
+    compiled = torch.compile(step, backend="pypto")
+    for _ in range(3):
+        x, y = torch.randn(4, 16), torch.randint(0, 5, (4,))
+        lin.zero_grad()
+        step(x, y).backward()
+        want = [p.grad.clone() for p in lin.parameters()]
+        lin.zero_grad()
+        compiled(x, y).backward()
+        for p, w in zip(lin.parameters(), want):
+            torch.testing.assert_close(p.grad, w)
+
+
+def saved_view_of_output(x, w):
+    y = torch.exp(x @ w)
+    z = y.t()
+    return y, (z * z).sum()
+
+
+def test_saved_view_of_a_returned_value_keeps_its_version_check():
+    # a saved view of a value the user gets back stays a real view: writing into the
+    # returned value in place still makes the backward raise, as in eager
+    x, w = torch.randn(4, 6), torch.randn(6, 3, requires_grad=True)
+    compiled = torch.compile(saved_view_of_output, backend="pypto")
+    for fn in (saved_view_of_output, compiled):
+        y, loss = fn(x, w)
+        with torch.no_grad():
+            y.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    y, loss = compiled(x, w)
+    loss.backward()
+    g = w.grad.clone()
+    w.grad = None
+    saved_view_of_output(x, w)[1].backward()
+    torch.testing.assert_close(g, w.grad)

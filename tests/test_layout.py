@@ -29,7 +29,7 @@ LAYERS = [
     {"ir", "hardware", "sizes", "ops", "config", "progress"},
     {"lowering", "fusion"},
     {"codegen"},
-    {"runtime", "wrapper", "calibrate", "graph_cache"},
+    {"runtime", "calibrate", "graph_cache"},
     {"report"},
     {"api", "backend"},
     {"__init__", "__main__", "cli", "models", "zoo"},

@@ -6,7 +6,7 @@ looks up the input layout's metadata (sizes, strides and size symbols as ctypes
 arrays, cached by the inputs' strides), allocates the outputs (:mod:`.alloc`, or
 the runtime's buffer pool) and calls the kernel once, through the extension
 (:mod:`.native_call`) or ctypes. Its :class:`Launch` hands the same pieces to the
-graph's generated code (``wrapper.py``), which calls the kernel inline.
+graph's generated code (``codegen/graph``), which calls the kernel inline.
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def native_kernel(fn, program: Program) -> Kernel:
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """The pieces of a kernel's wrapper, for the graph's generated code to call the kernel
-    inline (wrapper.py): the same statements as :func:`wrapper_source` writes for the
+    inline (codegen/graph): the same statements as :func:`wrapper_source` writes for the
     extension, without the wrapper's frame, its input list and its result list."""
 
     layouts: dict  # the generated code's key -> (meta address, syms address, out shapes...)
@@ -172,8 +172,8 @@ class Launch:
         kernel's output, or a view of one): None stands for them in the layout key (the
         wrapper's own keys never hold None, so the two never collide); ``direct``: output
         index -> (sizes, strides) of a small static output allocated with them written out
-        (``empty_strided``, bound by the caller: wrapper.small_outputs), as is the status;
-        ``key``: the layout key's source, what the entry depends on (wrapper._layout_key;
+        (``empty_strided``, bound by the caller: graph.buffers.small_outputs), as is the status;
+        ``key``: the layout key's source, what the entry depends on (graph.keys.layout_key;
         by default the size symbols and the strides of the inputs not ``known``). The
         kernel gets the symbols' tuple, not the entry's array; ``fixed``: input index ->
         the name of its sizes + strides (a tuple known at compile time), what a miss reads

@@ -58,6 +58,8 @@ INLINE_GEMMS = True
 # ... and a GEMM with a native epilogue pass as the GEMM call plus the epilogue kernel's
 # launch (EpilogueCall), not a call of the tile's Python wrapper (the benchmark's "before")
 INLINE_EPILOGUES = True
+# A GEMM of two 2-D operands calls torch.mm, not torch.matmul (the benchmark's "before")
+MM_2D = True
 # No relu: oneDNN's relu post-op gives 0 for a NaN product where eager's relu keeps NaN
 # (fuzz seed 30644); it runs as the native epilogue pass instead.
 _UNARY_POST_OPS = {"sigmoid": ("sigmoid", ""), "tanh": ("tanh", ""), "silu": ("swish", "")}
@@ -248,9 +250,14 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
     if isinstance(srcs, OneDnnLinear):
         return onednn_kernel(tile, graph, mm, bias, srcs, getters)
     if bias is None:
+        # two 2-D operands: torch.mm itself (what matmul calls: one dispatch fewer, and
+        # the product is known fresh and contiguous, GemmCall.fresh)
+        mm_fn = torch.mm if MM_2D and all(
+            len(graph.specs[a].shape) == 2 for a in mm.args[:2]) else torch.matmul
+
         def product(inputs):
-            return torch.matmul(inputs[ia], inputs[ib])
-        product_call = (torch.matmul, (("in", ia), ("in", ib)))
+            return mm_fn(inputs[ia], inputs[ib])
+        product_call = (mm_fn, (("in", ia), ("in", ib)))
     else:  # the GEMM adds the bias (beta = 1)
         gemm, ic = (torch.addmm if len(mm.out.shape) == 2 else torch.baddbmm), slot[bias]
 
@@ -275,7 +282,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
 
         operands = ((("in", ia), ("in", ib)) if bias is None
                     else (("in", slot[bias]), ("in", ia), ("in", ib)))
-        fn = torch.matmul if bias is None else gemm
+        fn = mm_fn if bias is None else gemm
         same = [(kind, idx, None if shape is None or _same_shape(shape, mm.out.shape)
                  else shape) for kind, idx, shape in getters]  # no reshape to its own shape
         return Kernel(kernel, native=True, launch=_gemm_call(fn, operands, same))
@@ -387,7 +394,7 @@ def _gemm_call(fn, operands, getters) -> GemmCall | None:
 @dataclasses.dataclass(frozen=True)
 class GemmCall:
     """A GEMM tile (addmm, matmul, oneDNN linear) as the graph's generated code calls it
-    (wrapper.py): the torch call itself written out, its outputs (the product, reshaped
+    (codegen/graph): the torch call itself written out, its outputs (the product, reshaped
     where the tile's outputs have other shapes) assigned directly: no wrapper frame, no
     input or result list. The wrapper's own ``kernel`` stays for everything else."""
 
@@ -396,7 +403,7 @@ class GemmCall:
     # ("view", input index, shape): a view of it, ("const", value)
     operands: tuple
     shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
-    gemm = True  # tells wrapper.py this is not a native kernel's Launch
+    gemm = True  # tells codegen/graph this is not a native kernel's Launch
 
     def fresh(self, linear: bool) -> bool:
         """Whether the product is a fresh contiguous 2-D tensor (mm, addmm and 2-D linear
@@ -407,7 +414,7 @@ class GemmCall:
                fresh: tuple = ()) -> list[str]:
         """Lines computing the outputs ``outs`` (``_``: unused) from the inputs ``ins``;
         ``size(expr)`` prints a size expression. ``linear``: the right operand is the transpose
-        of a weight (wrapper._linear_weights): ``linear(x, w[, bias])`` on the weight;
+        of a weight (graph.views.linear_weights): ``linear(x, w[, bias])`` on the weight;
         ``fresh``: outputs that may be written as ``reinterpret`` (bound by the caller) of
         the product where :meth:`fresh` and their shape is static."""
         if linear:  # matmul(x, wT) -> linear(x, w); addmm(b, x, wT) -> linear(x, w, b)
@@ -445,7 +452,7 @@ class GemmCall:
 @dataclasses.dataclass(frozen=True)
 class EpilogueCall:
     """A GEMM tile with a native epilogue pass as the graph's generated code writes it
-    (wrapper.py): the torch GEMM call, the epilogue's inputs reshaped onto its domain
+    (codegen/graph): the torch GEMM call, the epilogue's inputs reshaped onto its domain
     ``T``, the epilogue kernel's inline launch (launcher.Launch) and the tile's outputs
     (reshaped where their shapes differ), instead of a call of :func:`assemble`'s Python
     wrapper (its frame, input list, feed loop, allocator closure and result list cost
@@ -457,7 +464,7 @@ class EpilogueCall:
     getters: tuple  # per tile output: ("mm" or "epi", epilogue output index, shape or None)
     T: tuple  # the epilogue's domain (the product is reshaped onto it)
     native: object  # the epilogue kernel's launcher.Launch
-    gemm = True  # wrapper.py: a torch call (its buffers take the runtime's refcount check)
+    gemm = True  # codegen/graph: a torch call (its buffers take the runtime's refcount check)
 
     def fresh(self, linear: bool) -> bool:
         return GemmCall.fresh(self, linear)
@@ -469,7 +476,7 @@ class EpilogueCall:
         """Lines computing the outputs ``outs`` (``_``: unused); ``empty`` names the
         allocator of the epilogue's outputs, ``size(expr)`` prints a size expression,
         ``linear`` as in :meth:`GemmCall.source`; ``reuse``: epilogue output index -> a
-        dead buffer to write it into (wrapper.static_reuse); ``direct``: epilogue output
+        dead buffer to write it into (graph.buffers.static_reuse); ``direct``: epilogue output
         index -> (sizes, strides) of a small static output, ``key`` the epilogue's layout
         key (launcher.Launch.source)."""
         def shape(dims):
