@@ -69,12 +69,14 @@ ROW_STAGE = 8192
 # (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
 # RMSNorm output loop was slower split: docs/benchmarks.md).
 SPLIT_ROUNDINGS = True
-# Reduction kernels over constant rows print the row's bounds as constants (one row per work
-# item), so GCC unrolls short rows' loops: LayerNorm 512x64 16.2 -> 12.4 us. Off: with
-# constant bounds GCC changes some backward row kernel's summation order (ViT's
-# k_proj.bias, whose true gradient is 0, moved 1.4e-4 from eager's after 3 AdamW steps:
-# test_training_three_adamw_steps_match_eager[vit]); on again once that order is pinned.
-STATIC_BOUNDS = False
+# Reduction kernels over constant rows define the row's bounds as constants s0, s1 (one row
+# per work item), so GCC unrolls short rows' loops: LayerNorm 512x64 16.2 -> 12.4 us. Only
+# loops whose results cannot depend on them take them: pointwise loops and the fast path of
+# sums whose order vector_lanes writes out. An `omp simd` sum keeps run-time bounds: GCC
+# picks its vector factor and epilogue from what it knows of the trip count (constant
+# bounds changed ViT's loss through log_softmax's sum of exp over 10 classes).
+# tests/test_static_bounds.py: the same bits with the switch on and off.
+STATIC_BOUNDS = True
 # ... and unroll the vector_lanes loop of rows up to UNROLL_TRIPS x its lanes columns (the
 # body is n copies of the summed value's column code: a long row's would bloat the kernel)
 UNROLL_TRIPS = 8
@@ -104,6 +106,7 @@ class RowEmitter:
             self.stage[x.id] = s + 1 if x.kind == "reduce" else s
         self.passes = max((self.stage[x.id] for x in nodes if x.kind == "reduce"
                            and x.id in needed), default=0)
+        self.constant_bounds = False  # vector_lanes runs over s0, s1 (unrolls a short row)
         self.seg = 0  # the column segment (cat part) being emitted, see Program.cat_bounds
         self.row_part: tuple | None = None  # (row cat node id, its part) of a row branch
         self.cached: set[int] = set()  # col values a row pass stores for the later passes
@@ -226,13 +229,14 @@ class RowEmitter:
             w(f"   for (int64_t cb = cc0; cb < cc1; cb += {BLOCK_COLS})")
             w("   for (int64_t r = rb0; r < rb1; ++r) {")
             w(f"    const int64_t c0 = cb, c1 = std::min<int64_t>(cb + {BLOCK_COLS}, cc1);")
-        elif p.reduction and STATIC_BOUNDS and self.static_cols() is not None:
-            # one row per work item (NCH = 1), its bounds constants: GCC unrolls a short
-            # row's loops and drops their tails (bias + residual + LayerNorm, 512 x 64,
-            # one thread: 16.2 -> 12.4 us, Inductor's 12.1; docs/benchmarks.md, k16k)
-            w(f"    const int64_t r = wi; constexpr int64_t c0 = 0, c1 = {self.static_cols()};")
         else:
             w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
+        if self.static:
+            # the row's bounds as constants (one row per work item, NCH = 1) for the loops
+            # whose order does not depend on them: GCC unrolls a short row's loops and drops
+            # their tails (bias + residual + LayerNorm, 512 x 64, one thread: 16.2 -> 12.4
+            # us, Inductor's 12.1; docs/benchmarks.md, k16k)
+            w(f"    constexpr int64_t s0 = 0, s1 = {self.static_cols()}; (void)s0; (void)s1;")
         w("    (void)c0; (void)c1;")
         w("    int64_t t = r; (void)t;")
         for d in range(self.outer - 1, -1, -1):
@@ -256,6 +260,12 @@ class RowEmitter:
         w("  }")
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    @property
+    def static(self) -> bool:
+        """Whether the work item defines the row's bounds as constants s0, s1 (see
+        STATIC_BOUNDS; one row per work item)."""
+        return STATIC_BOUNDS and self.p.reduction and self.static_cols() is not None
 
     def static_cols(self) -> int | None:
         """The row length when it is a constant, else None."""
@@ -424,28 +434,40 @@ class RowEmitter:
             self.w(f"    alignas(64) float sr{k}[{int(cols)}];")
             self.w(f"    if (fast) pi_ld_f16_n(in{p.accesses[k].input} + b{k}, sr{k}, C);")
 
-    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1"), outs=()) -> None:
+    def explicit_order(self, reductions) -> bool:
+        """Whether the fast path adds ``reductions`` in an order written out here
+        (vector_lanes, then a plain loop over the remaining columns), not in an ``omp simd``
+        reduction's, whose vector factor and epilogue GCC picks from what it knows of the
+        trip count: float sums of cheap values in a row of one segment."""
+        segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
+        cheap = not any(self.calls_math(x) for x in self.col_deps(
+            [a for x in reductions for a in x.args]))
+        return segs == 1 and cheap and bool(reductions) and all(
+            x.attrs["red"] == "sum" and ctype(x.dtype) == "float" for x in reductions)
+
+    def loop(self, has_fast: bool, targets, tail, bounds=("c0", "c1"), outs=(),
+             only: str | None = None) -> None:
         """The column loop computing ``targets`` then running ``tail(path, lane)`` lines and
-        storing the per-element outputs ``outs`` ((k, node, spec))."""
+        storing the per-element outputs ``outs`` ((k, node, spec)); ``only``: that path
+        alone, in a plain block (the caller branches on ``fast``)."""
         reductions = [x for x in targets if x.kind == "reduce"]
-        paths = ["fast", "generic"] if has_fast else ["generic"]
+        paths = [only] if only else ["fast", "generic"] if has_fast else ["generic"]
         segs = len(getattr(self.p, "cat_bounds", None) or []) + 1
         # a sum's one accumulator is a chain of dependent adds, the bound of a cheap pass:
         # split the fast path's row in REDUCTION_LANES parts, each with its own accumulators
         # (not around math calls: softmax's exp pass stopped vectorising)
         cols = sympy.Mul(*self.p.shape[self.outer:])
         short = cols.is_Integer and int(cols) < LANES_MIN_COLUMNS
-        cheap = not any(self.calls_math(x) for x in self.col_deps(
-            [a for x in reductions for a in x.args]))
-        vec = segs == 1 and cheap and bool(reductions) and all(
-            x.attrs["red"] == "sum" and ctype(x.dtype) == "float" for x in reductions)
+        vec = self.explicit_order(reductions)
         nvec = VECTOR_LANES if short else LONG_VECTOR_LANES
         lanes = REDUCTION_LANES if segs == 1 and not short and not vec and any(
             x.attrs["red"] == "sum" for x in reductions) and not any(
             self.calls_math(x) for x in self.col_deps([a for x in reductions for a in x.args])
         ) and not self.streams(reductions) else 1
         for path in paths:
-            if path == "fast":
+            if only:
+                self.w("    {")
+            elif path == "fast":
                 self.w("    if (fast) {")
             else:
                 self.w("    else {" if has_fast else "    {")
@@ -516,7 +538,9 @@ class RowEmitter:
         cats = [x for x in self.col_deps(targets) if x.kind == "op"
                 and x.attrs["op"] == "cat" and "row_bounds" in x.attrs]
         if len(cats) != 1 or self.p.reduction:
-            self.loop(has_fast, targets, lambda path, lane: [], outs=outs)
+            # no sums: the same values in any order, over constant bounds if any
+            self.loop(has_fast, targets, lambda path, lane: [], outs=outs,
+                      bounds=("s0", "s1") if self.static else ("c0", "c1"))
             return
         x = cats[0]
         last = len(x.args) - 1
@@ -652,7 +676,7 @@ class RowEmitter:
         for x in reductions:
             self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         cols = self.static_cols()
-        if STATIC_BOUNDS and cols is not None and cols <= UNROLL_TRIPS * n:  # a short row
+        if self.constant_bounds and cols <= UNROLL_TRIPS * n:  # a short row
             self.w(f"      #pragma GCC unroll {UNROLL_TRIPS}")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
         for l in range(n):
@@ -770,7 +794,26 @@ class RowEmitter:
             when = all(x.attrs.get("when") for x in reds)
             if when:
                 w(f"    if ({' || '.join(self.var(x.args[1]) for x in reds)}) {{")
-            if wide:
+            if wide and has_fast and self.explicit_order(reds):
+                # the fast path's order is written out (vector_lanes): it may run over the
+                # constant bounds; the generic path's omp simd sum keeps c0, c1 either way,
+                # so both settings of STATIC_BOUNDS add in the same order
+                for path, block, (lo, hi) in (
+                        ("fast", SUM_BLOCK, ("s0", "s1") if self.static else ("c0", "c1")),
+                        ("generic", SUM_BLOCK_GENERIC, ("c0", "c1"))):
+                    w("    if (fast) {" if path == "fast" else "    else {")
+                    w(f"    for (int64_t cb0 = {lo}; cb0 < {hi}; cb0 += {block}) {{")
+                    w(f"    const int64_t cb1 = std::min<int64_t>(cb0 + {block}, {hi});")
+                    for x in wide:
+                        w(f"    float acc{x.id} = 0.0f;")
+                    self.constant_bounds = lo == "s0"
+                    self.loop(has_fast, reds, tail, ("cb0", "cb1"), only=path)
+                    self.constant_bounds = False
+                    for x in wide:
+                        w(f"    tot{x.id} += acc{x.id};")
+                    w("    }")
+                    w("    }")
+            elif wide:
                 sb = f"(fast ? {SUM_BLOCK} : {SUM_BLOCK_GENERIC})" if has_fast \
                     else str(SUM_BLOCK_GENERIC)
                 w(f"    for (int64_t cb0 = c0; cb0 < c1; cb0 += {sb}) {{")

@@ -1,0 +1,121 @@
+"""Row kernels over constant rows print the row's bounds as constants (emit_rows.STATIC_BOUNDS)
+only for loops whose results do not depend on them: every row kernel, forward and backward,
+gives the same bits with the switch on and off (an ``omp simd`` sum's order follows what GCC
+knows of its trip count, so those loops keep run-time bounds), and eager's values.
+Rows of fewer columns than the 16 vector lanes, not a multiple of them, of two 256-column
+sum blocks, and transposed inputs (the generic path)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pypto_inductor.codegen import cpp
+from pypto_inductor.codegen.cpp import emit_rows
+
+
+def _bias_residual_ln(x, y, b, w, bias):
+    return F.layer_norm(x + b + y, x.shape[-1:], w, bias, 1e-5)
+
+
+def _rms_norm(x, y, b, w, bias):
+    h = x + y
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _softmax(x, y, b, w, bias):
+    return torch.softmax(x * 0.125 + b, -1) * y
+
+
+def _cross_entropy(x, y, b, w, bias):
+    target = torch.arange(x.shape[0]) % x.shape[-1]
+    return F.cross_entropy(x + b, target) + (y * w).sum()
+
+
+def _moments(x, y, b, w, bias):
+    return torch.stack([x.var(-1), x.mean(-1), (x * y).sum(-1)])
+
+
+CASES = {f.__name__.lstrip("_"): f for f in
+         (_bias_residual_ln, _rms_norm, _softmax, _cross_entropy, _moments)}
+
+
+def _same(out, ref, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
+    bits = torch.int16 if out.element_size() == 2 else torch.int32
+    bad = out[~nan].view(bits) != ref[~nan].view(bits)
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ in bits"
+
+
+def _run(fn, args, grad_out):
+    torch._dynamo.reset()
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = torch.compile(fn, backend="pypto")(*leaves)
+    out.backward(grad_out)
+    return [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+
+
+def _inputs(case, cols, dtype, transposed, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = 12
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+    x = r(cols, rows).t() if transposed else r(rows, cols)  # transposed: the generic path
+    x = x * 3 + 1  # an offset: the variance's two passes matter
+    return x, r(rows, cols), r(cols), r(cols), r(cols)
+
+
+@pytest.mark.parametrize(("cols", "transposed"), [(10, False), (17, False), (64, False),
+                                                  (300, False), (17, True)],
+                         ids=["10", "17", "64", "300", "17-transposed"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_constant_row_bounds_give_the_same_bits(case, cols, transposed, monkeypatch):
+    fn = CASES[case]
+    args = _inputs(case, cols, torch.float32, transposed, seed=cols)
+    with torch.no_grad():
+        ref_out = fn(*args)
+    grad_out = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1))
+    sources = []
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        sources.extend(cpp.generate_source(k.program) for k in kernels
+                       if getattr(k, "native", False))
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", False)
+    off = _run(fn, args, grad_out)
+    assert not any("constexpr int64_t s0" in s for s in sources)
+    monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", True)
+    on = _run(fn, args, grad_out)
+    assert any("constexpr int64_t s0" in s for s in sources)
+    assert len(on) == len(off)
+    for k, (a, b) in enumerate(zip(on, off)):
+        _same(a, b, f"{case} {cols} columns, result {k}: STATIC_BOUNDS on vs off")
+    # and eager's values
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    eager = [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+    for a, b in zip(on, eager):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cols", [17, 64])
+def test_constant_row_bounds_half_types(cols, dtype, monkeypatch):
+    """fp16 rows staged into float rows on the stack, bf16 not: the same bits either way."""
+    fn = CASES["bias_residual_ln"]
+    args = _inputs("bias_residual_ln", cols, dtype, False, seed=cols + 1)
+    grad_out = torch.randn(12, cols, generator=torch.Generator().manual_seed(2)).to(dtype)
+    monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", False)
+    off = _run(fn, args, grad_out)
+    monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", True)
+    on = _run(fn, args, grad_out)
+    for k, (a, b) in enumerate(zip(on, off)):
+        _same(a, b, f"{dtype} {cols} columns, result {k}: STATIC_BOUNDS on vs off")
