@@ -542,6 +542,25 @@ class Planner:
         )
 
 
+    def tile_steps(self, index: int, ops: list[TileOp]) -> list:
+        """The tile of ``ops``, then the reshapes of its outputs it need not store again: in
+        a row kernel summing columns, a column sum may read a reshape of a value the kernel
+        also stores (a LayerNorm backward's grad input, the bias gradient of the Linear
+        before it); the kernel computes the reshape for the sum, and its other readers
+        take it as a view of the stored value (a step after the tile)."""
+        tile = self.make_tile(index, ops)
+        if not self.row_column_sums(ops):
+            return [tile]
+        outs = set(tile.outputs)
+        again = [op for op in ops if op.op == "view" and op.name in outs
+                 and op.args[0] in outs and op.name not in self.cost.graph_outputs]
+        if not again:
+            return [tile]
+        names = {op.name for op in again}
+        return [dataclasses.replace(tile, outputs=[o for o in tile.outputs if o not in names]),
+                *again]
+
+
 def _write_after_read_edges(graph: TileGraph, producers: dict, seen: set) -> list:
     """Edges (reader -> copy_) making every other reader of a mutated input, or of a view
     of it, run before the ``copy_`` that overwrites it (lowering/mutation.py)."""
@@ -580,11 +599,11 @@ def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPl
         if all(isinstance(n, ExternOp) or n.is_view for n in ops):
             steps.extend(ops)  # extern ops and standalone views run as they are
             continue
-        tile = planner.make_tile(len(tiles), ops)
+        tile, *views = planner.tile_steps(len(tiles), ops)
         if not tile.outputs:  # nothing reads what it computes (a copy_ is always an output)
             continue
         tiles.append(tile)
-        steps.append(tile)
+        steps += [tile, *views]
     single = [planner.cost.kernel_cost([op]) for op in graph.nodes
               if isinstance(op, TileOp) and not op.is_view]
     unfused = {"kernels": len(single), "gm_bytes": sum(c.gm_bytes for c in single),
