@@ -234,8 +234,11 @@ class RowEmitter:
                 w(f"    for (int64_t c = 0; c < C; ++c) ps{k}[c] = 0.0f;")
             w("    for (int64_t r = rb; r < re; ++r) {")
             cols = self.static_cols() if STATIC_BOUNDS else None
+            # the row's bounds written as the other row kernels' (NCH = 1): with
+            # `c0 = 0, c1 = C` g++ 12 compiled this LayerNorm backward's passes 2.3x slower
+            # (98 vs 43 us a 512 x 128 call)
             w(f"    constexpr int64_t c0 = 0, c1 = {cols};" if cols is not None else
-              "    const int64_t c0 = 0, c1 = C;")
+              "    const int64_t c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
         elif blocked:
             w(f"   const int64_t rb0 = (wi / NCH) * {BLOCK_ROWS}, "
               f"rb1 = std::min<int64_t>(rb0 + {BLOCK_ROWS}, R);")
