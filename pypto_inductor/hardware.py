@@ -76,6 +76,10 @@ class HardwareModel:
     # Planner: a cat may join a kernel with its consumers (the host's kernels read each
     # part over its columns; pypto 0.2.0 has no cat, so Ascend keeps it apart).
     cat_in_kernels: bool = False
+    # Planner: a row kernel (a reduction over the last dim of [rows, C]) may also sum
+    # columns over its rows (bias / norm-weight gradients), one pass over the data
+    # (the host's row emitter keeps per-run column partials; pypto has no such tile).
+    column_sums_in_row_kernels: bool = False
 
     def with_capacity(self, capacity_bytes: int | None) -> "HardwareModel":
         if capacity_bytes is None:
@@ -265,6 +269,7 @@ def host(calibration: Mapping[str, Any] | None = None) -> HardwareModel:
         matmul_epilogue_reads_gm=True,
         matmul_bias_in_gemm=True,
         cat_in_kernels=True,
+        column_sums_in_row_kernels=True,
         details=(("l1d_bytes", l1d), ("l2_bytes", l2), ("l3_bytes", l3), ("source", source)),
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import sympy
+import torch
 
 from ..hardware import HardwareModel
 from ..ir import OpKind, TensorSpec, TileGraph, TileOp
@@ -48,6 +49,7 @@ class Domain:
     rnumel: sympy.Expr = sympy.Integer(1)
     shape: tuple = ()
     reduce_axes: tuple[int, ...] = ()
+    column_sum: bool = False  # "reduce": a float sum over every dim but the last (column_sum)
 
     @property
     def matmul(self) -> bool:
@@ -74,16 +76,54 @@ def op_domain(op: TileOp, graph: TileGraph) -> Domain:
         first = len(shape) - len(dims)
         if dims == tuple(range(first, len(shape))):
             return Domain("row", numel(shape[:first]), numel(shape[first:]), shape, dims)
-        return Domain("reduce", numel(shape), sympy.Integer(1), shape, dims)
+        return Domain("reduce", numel(shape), sympy.Integer(1), shape, dims,
+                      column_sum(op, graph))
     kind = "matmul" if op.kind is OpKind.MATMUL else "pointwise"
     return Domain(kind, op.out.numel, sympy.Integer(1), op.out.shape)
 
 
 def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
+    """The domain a group iterates: its matmul's or reduction's; a row reduction's when the
+    group also sums columns over those rows (row_column_sums)."""
+    first = None
     for op in ops:
-        if op.kind in (OpKind.REDUCTION, OpKind.MATMUL):
+        if op.kind is OpKind.MATMUL:
             return op_domain(op, graph)
-    return op_domain(ops[0], graph)
+        if op.kind is OpKind.REDUCTION:
+            dom = op_domain(op, graph)
+            if dom.kind == "row":
+                return dom
+            first = first or dom
+    return first or op_domain(ops[0], graph)
+
+
+def column_sum(op: TileOp, graph: TileGraph) -> bool:
+    """A float sum over every dim but the last: a bias or a norm weight's gradient."""
+    if op.op != "sum" or not isinstance(op.args[0], str) \
+            or op.out.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    shape = graph.specs[op.args[0]].shape
+    return len(shape) >= 2 and tuple(op.attrs.get("dims", ())) == tuple(range(len(shape) - 1))
+
+
+def row_column_sums(row: Domain, red: Domain) -> str | None:
+    """None when a row kernel (``row``) can also compute the column sum ``red`` over its
+    rows in the same pass, else the reason. The row kernel reduces one last dim of C
+    columns; the sum reads its rows x C values in the same order. C is a constant multiple
+    of 16: the column-sum kernel (emit_columns) splits columns in blocks of 1024 or of a
+    multiple of 16, and vectorises a block under 8 columns over the rows, in another
+    order; the fused sums add rows exactly as it does."""
+    if not red.column_sum:
+        return "only a float sum over every dim but the last joins a row kernel"
+    if len(row.reduce_axes) != 1:
+        return "a row kernel reducing several dims does not sum columns"
+    cols = red.shape[-1]
+    if sympy.expand(cols - row.rnumel) != 0 \
+            or sympy.expand(red.numel - row.numel * row.rnumel) != 0:
+        return f"the column sum's rows are not the row kernel's ({_fmt(red)} vs {_fmt(row)})"
+    if not sympy.sympify(cols).is_Integer or int(cols) < 16 or int(cols) % 16:
+        return f"a column sum over {cols} columns (not a constant multiple of 16)"
+    return None
 
 
 def cat_part_ops(ops: list[TileOp], outputs) -> set[str]:
@@ -111,8 +151,10 @@ def pointwise_outputs(ops: list[TileOp]) -> set[tuple]:
     return {(op.out.numel, op.out.shape) for op in ops if op.kind is not OpKind.REDUCTION}
 
 
-def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set) -> str | None:
-    """None when two groups may share one iteration domain, else the reason."""
+def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set,
+                       column_sums: bool = False) -> str | None:
+    """None when two groups may share one iteration domain, else the reason.
+    ``column_sums``: a row kernel may also sum columns over its rows (row_column_sums)."""
     if a.matmul and b.matmul:
         return "two matmuls never share a kernel"
     if a.matmul or b.matmul:
@@ -122,6 +164,15 @@ def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set) -> str | None
         if any(n != mm.numel for n, _ in other_pw):
             return "a matmul epilogue must have the matmul's output size"
         return None
+    if column_sums and {a.kind, b.kind} == {"row", "reduce"}:
+        row, red, red_pw = (a, b, pw_b) if a.kind == "row" else (b, a, pw_a)
+        why = row_column_sums(row, red)
+        # the sum's result and its casts (stored by the row kernel after the last row:
+        # planner.column_sums_read) have the sum's shape
+        red_pw = {(n, shape) for n, shape in red_pw if shape not in red.reduced_shapes()}
+        if why is None and not all(row.admits(n, shape) for n, shape in red_pw):
+            why = f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})"
+        return why
     if a.kind in ("row", "reduce") and b.kind in ("row", "reduce"):
         same = (a.kind == b.kind and a.numel == b.numel and a.rnumel == b.rnumel
                 and (a.kind == "row" or (a.shape, a.reduce_axes) == (b.shape, b.reduce_axes)))

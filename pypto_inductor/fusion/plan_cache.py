@@ -137,8 +137,11 @@ def plan(gm: fx.GraphModule, graph: TileGraph, kind: str, hw, cfg,
 
 def _entry(result: FusionPlan) -> dict:
     tiles = {id(t) for t in result.tiles}
+    in_tiles = {op.name for t in result.tiles for op in t.ops}
+    # a view of a tile's output that its tile also computes (Planner.tile_steps) is
+    # rebuilt with the tile
     steps = [{"tile": [op.name for op in s.ops]} if id(s) in tiles else {"op": s.name}
-             for s in result.steps]
+             for s in result.steps if id(s) in tiles or s.name not in in_tiles]
     decisions = [{"producer": d.producer, "consumer": d.consumer, "fused": d.fused,
                   "reason": d.reason,
                   "roi": dataclasses.asdict(d.roi) if d.roi is not None else None}
@@ -197,11 +200,11 @@ def _rebuild(entry: dict, graph: TileGraph, hw, cfg) -> FusionPlan | None:
                 continue
             if not all(isinstance(op, TileOp) for op in ops):
                 return None
-            tile = planner.make_tile(len(tiles), ops)
+            tile, *views = planner.tile_steps(len(tiles), ops)
             if not tile.outputs:
                 return None
             tiles.append(tile)
-            steps.append(tile)
+            steps += [tile, *views]
         unplanned = set(nodes) - seen
         if unplanned and not _unread(graph, unplanned, steps):
             return None

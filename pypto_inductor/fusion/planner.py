@@ -23,8 +23,8 @@ from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp
 from ..lowering.indexing import STANDALONE_OPS
-from .capacity import (TilePlan, cat_part_ops, domains_compatible, group_domain, plan_tile,
-                       pointwise_outputs)
+from .capacity import (TilePlan, cat_part_ops, column_sum, domains_compatible, group_domain,
+                       plan_tile, pointwise_outputs)
 from .roi import CostModel, RoiEstimate
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -32,6 +32,9 @@ MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
 MAX_SIBLINGS = 8  # readers of one value considered pairwise
 # Producers of cat parts computed per part in the cat's kernel (False: as before, for A/Bs)
 CAT_PARTS = True
+# Column sums (bias / norm-weight gradients) computed by the row kernel over the same rows,
+# where the hardware model's kernels can (False: as before, for A/Bs)
+ROW_COLUMN_SUMS = True
 
 
 @dataclasses.dataclass
@@ -100,6 +103,7 @@ class Planner:
         self.threshold = (config.roi_threshold if config.roi_threshold is not None
                           else hw.default_roi_threshold)
         self.cost = CostModel(graph, hw)
+        self.column_sums = hw.column_sums_in_row_kernels and ROW_COLUMN_SUMS
         self.order = {id(n): i for i, n in enumerate(graph.nodes)}
         # Units: each schedulable thing. Fusable ops start in their own group.
         self.group_of: dict[int, int] = {}  # id(node) -> group id
@@ -294,15 +298,22 @@ class Planner:
         # gathers read where used and cat parts' producers: no iteration domain of their own
         free = {id(op) for op in merged
                 if op.name in parts or self.read_where_used(op, members)}
+        # casts and views of column sums a row kernel computes: stored after its last row
+        finals = self.column_sum_finals(merged)
+        free |= {id(op) for op in merged if op.name in finals}
         domain_groups = [g for g in ([op for op in ops if id(op) not in free] for ops in groups)
                          if g]
         acc = list(domain_groups[0])
         for ops in domain_groups[1:]:
             why = domains_compatible(group_domain(acc, self.graph), group_domain(ops, self.graph),
-                                     pointwise_outputs(acc), pointwise_outputs(ops))
+                                     pointwise_outputs(acc), pointwise_outputs(ops),
+                                     self.column_sums)
             if why:
                 return why, None
             acc += ops
+        why = self.column_sums_read(merged)
+        if why:
+            return why, None
         why = self.cat_columns(merged)
         if why:
             return why, None
@@ -319,6 +330,48 @@ class Planner:
             return (f"capacity: fused footprint {fused.footprint_bytes} B at tile "
                     f"{'x'.join(map(str, fused.tile_shape))} exceeds {fused.capacity_bytes} B"), roi
         return None, roi
+
+    def row_column_sums(self, ops: list[TileOp]) -> list[TileOp]:
+        """The column sums a row kernel of these ops computes over its rows (capacity.
+        row_column_sums): none unless the group's domain is a row reduction."""
+        if not self.column_sums or not any(op.kind is OpKind.REDUCTION for op in ops) \
+                or group_domain(ops, self.graph).kind != "row":
+            return []
+        return [op for op in ops if op.kind is OpKind.REDUCTION and column_sum(op, self.graph)]
+
+    def column_sum_finals(self, merged: list[TileOp]) -> set[str]:
+        """Views and float casts of the column sums a row kernel of ``merged`` computes
+        (through each other): only stored, the store rounding as the cast does."""
+        final = {op.name for op in self.row_column_sums(merged)}
+        out = set()
+        for op in merged:  # in order
+            if op.op in ("view", "cast") and op.out.dtype.is_floating_point \
+                    and op.inputs and op.inputs[0] in final:
+                final.add(op.name)
+                out.add(op.name)
+        return out
+
+    def column_sums_read(self, merged: list[TileOp]) -> str | None:
+        """A column sum in a row kernel is final only after the last row: nothing in the
+        kernel may read it but views and float casts of it (column_sum_finals), and every
+        other op has the row kernel's rows or elements."""
+        sums = self.row_column_sums(merged)
+        if not sums:
+            return None
+        final = {op.name for op in sums} | self.column_sum_finals(merged)
+        dom = group_domain(merged, self.graph)
+        sizes = {self.graph.hint(dom.numel), self.graph.hint(dom.numel * dom.rnumel)}
+        for op in merged:
+            if op.name in final:
+                continue
+            read = [a for a in op.inputs if a in final]
+            if read:
+                return (f"{op.name} ({op.op}) reads the column sum {read[0]}, which a row "
+                        f"kernel has only after its last row")
+            if op.kind is not OpKind.REDUCTION and not op.is_view \
+                    and self.graph.hint(op.out.numel) not in sizes:
+                return f"{op.name} ({op.op}) iterates neither the row kernel's rows nor elements"
+        return None
 
     def cat_parts(self, ops: list[TileOp]) -> set[str]:
         """Ops of a would-be kernel computed only for cat parts (capacity.cat_part_ops):
@@ -416,6 +469,10 @@ class Planner:
             reason = f"fused: roi_score {roi.roi_score:.2f} >= {threshold}"
             if extra:
                 reason += f" (with {extra} kernel(s) between them, to stay acyclic)"
+            sums = self.row_column_sums([op for g in closed for op in self.members[g]])
+            if sums:
+                reason += (f" (a row kernel summing {len(sums)} column(s) over its rows: "
+                           f"{self.cost.column_partial_bytes(sums)} B of column partials)")
             decisions.append(Decision(p.name, c.name, True, reason, roi))
             self.merge(closed)
         return decisions + self.unfused_decisions()
@@ -485,6 +542,25 @@ class Planner:
         )
 
 
+    def tile_steps(self, index: int, ops: list[TileOp]) -> list:
+        """The tile of ``ops``, then the reshapes of its outputs it need not store again: in
+        a row kernel summing columns, a column sum may read a reshape of a value the kernel
+        also stores (a LayerNorm backward's grad input, the bias gradient of the Linear
+        before it); the kernel computes the reshape for the sum, and its other readers
+        take it as a view of the stored value (a step after the tile)."""
+        tile = self.make_tile(index, ops)
+        if not self.row_column_sums(ops):
+            return [tile]
+        outs = set(tile.outputs)
+        again = [op for op in ops if op.op == "view" and op.name in outs
+                 and op.args[0] in outs and op.name not in self.cost.graph_outputs]
+        if not again:
+            return [tile]
+        names = {op.name for op in again}
+        return [dataclasses.replace(tile, outputs=[o for o in tile.outputs if o not in names]),
+                *again]
+
+
 def _write_after_read_edges(graph: TileGraph, producers: dict, seen: set) -> list:
     """Edges (reader -> copy_) making every other reader of a mutated input, or of a view
     of it, run before the ``copy_`` that overwrites it (lowering/mutation.py)."""
@@ -523,11 +599,11 @@ def plan_fusion(graph: TileGraph, hw: HardwareModel, config: Config) -> FusionPl
         if all(isinstance(n, ExternOp) or n.is_view for n in ops):
             steps.extend(ops)  # extern ops and standalone views run as they are
             continue
-        tile = planner.make_tile(len(tiles), ops)
+        tile, *views = planner.tile_steps(len(tiles), ops)
         if not tile.outputs:  # nothing reads what it computes (a copy_ is always an output)
             continue
         tiles.append(tile)
-        steps.append(tile)
+        steps += [tile, *views]
     single = [planner.cost.kernel_cost([op]) for op in graph.nodes
               if isinstance(op, TileOp) and not op.is_view]
     unfused = {"kernels": len(single), "gm_bytes": sum(c.gm_bytes for c in single),

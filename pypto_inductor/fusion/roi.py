@@ -25,8 +25,12 @@ import dataclasses
 from ..hardware import HardwareModel
 from ..ir import OpKind, TileGraph, TileOp, gemm_bias_add
 from ..ops import flop_weight
+from .capacity import column_sum, group_domain
 
 _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
+# Rows a column sum in a row kernel adds into one fp32 partial (eager's 16-row runs,
+# emit_columns.SUM_BLOCK)
+COLUMN_RUN = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +154,27 @@ class CostModel:
             total += full if name in whole else min(full, partial.get(name, 0))
         return total
 
+    def column_partial_bytes(self, sums: list[TileOp]) -> int:
+        """Bytes a row kernel writes and reads back for column sums ``sums`` over its rows:
+        an fp32 partial per column per run of COLUMN_RUN rows (codegen/cpp emit_rows)."""
+        total = 0
+        for op in sums:
+            shape = self.graph.specs[op.args[0]].shape
+            cols = self.graph.hint(shape[-1])
+            rows = self.graph.hint(self.graph.specs[op.args[0]].numel) // max(cols, 1)
+            total += 2 * 4 * cols * -(-rows // COLUMN_RUN)
+        return total
+
     def kernel_cost(self, ops: list[TileOp]) -> KernelCost:
         if all(op.is_view for op in ops):
             return KernelCost(0, 0, 0, 0.0)  # a reshape between kernels is free
         inputs, outputs = self.boundary(ops)
         gm = self.input_bytes(ops, inputs) + sum(self.value_bytes[n] for n in outputs)
+        if self.hw.column_sums_in_row_kernels and any(
+                op.kind is OpKind.REDUCTION and column_sum(op, self.graph) for op in ops) \
+                and group_domain(ops, self.graph).kind == "row":
+            gm += self.column_partial_bytes([op for op in ops if op.kind is OpKind.REDUCTION
+                                             and column_sum(op, self.graph)])
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         bias = (gemm_bias_add(ops, self.graph.specs, outputs)

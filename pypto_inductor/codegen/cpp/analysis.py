@@ -21,7 +21,7 @@ import dataclasses
 import sympy
 import torch
 
-from ...fusion.capacity import cat_part_ops, group_domain
+from ...fusion.capacity import cat_part_ops, column_sum, group_domain
 from ...ir import FusionTile, OpKind, TileGraph, TileOp
 from ...sizes import is_symbolic
 from ...sizes import numel as _numel
@@ -257,6 +257,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
             raise NotNative("view of a scalar")
         if src in self.env:
             v = self.env[src]
+            if v.kind == "colsum":  # only stored: any shape of its elements
+                return dataclasses.replace(v, shape=shape)
             kind = self.context(shape)[0]
             if (kind == "col") != (v.level == "col"):
                 raise NotNative(f"a reshape to {list(shape)} moves values between rows and "
@@ -510,6 +512,12 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.group = op.group
         if op.op == "view":
             return self.lower_view(op)
+        if op.kind is OpKind.REDUCTION and self.perm is None and self.m_red == 1 \
+                and column_sum(op, self.graph):
+            return self.lower_column_sum(op)
+        if op.op == "cast" and op.args[0] in self.env and self.env[op.args[0]].kind == "colsum":
+            # a column sum's cast: the same sums, rounded by their store
+            return dataclasses.replace(self.env[op.args[0]], shape=tuple(op.out.shape))
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
@@ -530,6 +538,25 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         level = "col" if ctx[0] == "col" else "row"
         return self.node("op", level, args, op.out.dtype, ctx[1], op=op.op,
                          common=common, **op.attrs)
+
+    def lower_column_sum(self, op: TileOp) -> Node:
+        """A float sum over the rows of a row kernel's [rows, C] values (a bias or norm
+        weight's gradient, fusion.capacity.row_column_sums): a ``colsum`` node over its
+        summand, which the row emitter adds into per-column partials as the column-sum
+        kernel (emit_columns) would. Its summand is the same value, converted to fp32 as
+        that kernel converts it; no mul contracts into it (that kernel reads the stored
+        product)."""
+        src = op.args[0]
+        ctx = self.context(tuple(self.graph.specs[src].shape))
+        if ctx[0] != "col":
+            raise NotNative(f"column sum {op.name} does not read the row kernel's elements")
+        x = self.operand(src, ctx)
+        if x.level != "col":
+            raise NotNative(f"column sum {op.name} of a per-row value")
+        acc = torch.float32
+        if x.dtype != acc:
+            x = self.node("op", "col", [x], acc, self.D, op="copy", common=acc)
+        return self.node("colsum", "col", [x], acc, tuple(op.out.shape), red="sum")
 
     def common_dtype(self, op: TileOp, args) -> torch.dtype:
         """The dtype operands are converted to before the op computes (torch promotion)."""

@@ -123,6 +123,9 @@ class RowEmitter:
                            and x.dtype in (torch.float16, torch.bfloat16)
                            and not users.get(x.id)
                            and all(s.dtype == x.dtype for y, s in p.outputs if y is x)}
+        # column sums over the rows (analysis.lower_column_sum): (output, node, spec)
+        self.colsums = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs)
+                        if x.kind == "colsum"]
         self.staged: dict[int, str] = {}  # access -> its float block in the loop being written
         self.row_staged: set[int] = set()  # accesses converted once per row (stage_rows)
         self.blocked: dict[int, str] = {}  # fp16 value -> its rounded float block
@@ -217,12 +220,27 @@ class RowEmitter:
         blocked = not p.reduction and any(
             a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
         rows_per_item = f"((R + {BLOCK_ROWS} - 1) / {BLOCK_ROWS})" if blocked else "R"
-        w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
+        if self.colsums:  # work items are runs of rows (column_sum_runs)
+            self.column_sum_runs()
+        else:
+            w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
         self.stage_call()
         w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
           f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
-        if blocked:
+        if self.colsums:
+            w("    int64_t s = 0; while (wi >= CSF[s + 1]) ++s;")
+            w(f"    const int64_t rb = R * s / CSS + {self.run} * (wi - CSF[s]);")
+            w(f"    const int64_t re = std::min<int64_t>(rb + {self.run}, R * (s + 1) / CSS);")
+            for k, _, _ in self.colsums:
+                w(f"    float* __restrict__ ps{k} = pcs{k} + wi * C;")
+                w(f"    for (int64_t c = 0; c < C; ++c) ps{k}[c] = 0.0f;")
+            w("    for (int64_t r = rb; r < re; ++r) {")
+            # the row's bounds written as the other row kernels' (NCH = 1; constants only as
+            # s0, s1 below, see STATIC_BOUNDS): with `c0 = 0, c1 = C` g++ 12 compiled this
+            # LayerNorm backward's passes 2.3x slower (98 vs 43 us a 512 x 128 call)
+            w("    const int64_t c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
+        elif blocked:
             w(f"   const int64_t rb0 = (wi / NCH) * {BLOCK_ROWS}, "
               f"rb1 = std::min<int64_t>(rb0 + {BLOCK_ROWS}, R);")
             w("   const int64_t cc0 = (wi % NCH) * CH, cc1 = std::min(cc0 + CH, C);")
@@ -255,9 +273,11 @@ class RowEmitter:
             base = " + ".join(f"{i} * a{k}_{e}" for e, i in enumerate(idx)) or "0"
             w(f"    const int64_t b{k} = {base};")
         self.body(has_fast)
-        if blocked:
+        if blocked or self.colsums:
             w("   }")
         w("  }")
+        if self.colsums:
+            self.column_sum_totals()
         w("}")
         return "\n".join(self.lines) + "\n"
 
@@ -266,6 +286,64 @@ class RowEmitter:
         """Whether the work item defines the row's bounds as constants s0, s1 (see
         STATIC_BOUNDS; one row per work item)."""
         return STATIC_BOUNDS and self.p.reduction and self.static_cols() is not None
+
+    # --- column sums over the rows -----------------------------------------------------
+    def column_sum_runs(self) -> None:
+        """Work items for a row kernel that also sums columns over its rows: runs of
+        emit_columns.SUM_BLOCK rows, each adding its rows into an fp32 partial per column
+        (``pcs<k>``, one row of C per run), totalled in double in run order after the loop
+        (column_sum_totals). Runs and totals are the column-sum kernel's (emit_columns):
+        SUM_BLOCK rows from its first row, and where that kernel splits the rows between
+        nt threads (CSS parts; its condition, over the same sizes), runs start at each
+        part's first row and each part is totalled before the parts are added. So the sums
+        are bit for bit the unfused kernel's, at any thread count."""
+        from .emit_columns import ROWS_PER_BLOCK, SPLIT_MIN, SUM_BLOCK
+        w = self.w
+        self.run = SUM_BLOCK
+        w(f"  const int64_t CSS = (nt > 1 && (C + {ROWS_PER_BLOCK - 1}) / {ROWS_PER_BLOCK} < nt"
+          f" && R >= {SPLIT_MIN} * nt) ? nt : 1;")
+        w("  int64_t* CSF = (int64_t*)std::malloc(sizeof(int64_t) * (CSS + 1));")
+        w("  CSF[0] = 0;")
+        w("  for (int64_t s = 0; s < CSS; ++s)")
+        w(f"    CSF[s + 1] = CSF[s] + (R * (s + 1) / CSS - R * s / CSS + {self.run - 1}) / "
+          f"{self.run};")
+        w("  const int64_t NCH = 1, W = CSF[CSS]; (void)NCH;")
+        for k, _, _ in self.colsums:
+            w(f"  float* __restrict__ pcs{k} = "
+              f"(float*)std::malloc(sizeof(float) * std::max<int64_t>(W * C, 1));")
+
+    def column_sum_totals(self) -> None:
+        """Each column sum's runs added in double in order, per part then the parts."""
+        w = self.w
+        w("  double* __restrict__ ctot = (double*)std::malloc(sizeof(double) * "
+          "std::max<int64_t>(2 * C, 1));")
+        w("  double* __restrict__ cpart = ctot + C;")
+        for k, x, spec in self.colsums:
+            w("  for (int64_t c = 0; c < C; ++c) ctot[c] = 0.0;")
+            w("  for (int64_t s = 0; s < CSS; ++s) {")
+            w("    for (int64_t c = 0; c < C; ++c) cpart[c] = 0.0;")
+            w("    for (int64_t q = CSF[s]; q < CSF[s + 1]; ++q) {")
+            w(f"      const float* __restrict__ pq = pcs{k} + q * C;")
+            w("      for (int64_t c = 0; c < C; ++c) cpart[c] += pq[c];")
+            w("    }")
+            w("    for (int64_t c = 0; c < C; ++c) ctot[c] += cpart[c];")
+            w("  }")
+            w(f"  for (int64_t c = 0; c < C; ++c) out{k}[c] = {store('(float)ctot[c]', spec.dtype)};")
+            w(f"  std::free(pcs{k});")
+        w("  std::free(ctot);")
+        w("  std::free(CSF);")
+
+    def output_targets(self) -> list:
+        """The column values the last pass computes: the per-element outputs and the
+        summands of the column sums."""
+        return [x for x, _ in self.p.outputs if x.level == "col" and x.kind != "colsum"] + \
+            [x.args[0] for _, x, _ in self.colsums]
+
+    def column_sum_tail(self, path, lane) -> list[str]:
+        """Lines adding column c's summands into this run's partials (as emit_columns'
+        sweep adds them: converted to fp32, one add)."""
+        return [sum_update(x, f"ps{k}[c]", conv(self.var(x.args[0]), x.args[0].dtype, x.dtype),
+                           self.var) for k, x, _ in self.colsums]
 
     def static_cols(self) -> int | None:
         """The row length when it is a constant, else None."""
@@ -735,7 +813,7 @@ class RowEmitter:
         loops = [[a for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                   and self.stage[x.id] == stage for a in x.args]
                  for stage in range(1, self.passes + 1)]
-        loops.append([x for x, _ in p.outputs if x.level == "col"])
+        loops.append(self.output_targets())
         uses: dict[int, int] = {}
         for targets in loops:
             for x in self.col_deps(targets):
@@ -835,8 +913,11 @@ class RowEmitter:
                 val = f"(float)tot{x.id}" if x in wide else val
                 w(f"    const {ctype(x.dtype)} v{x.id} = {val};")
             self.row_nodes(stage)
-        col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
-        if col_outs:
+        col_outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs)
+                    if x.level == "col" and x.kind != "colsum"]
+        if self.colsums:
+            self.loop(has_fast, self.output_targets(), self.column_sum_tail, outs=col_outs)
+        elif col_outs:
             self.row_part_loops(has_fast, [x for _, x, _ in col_outs], col_outs)
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
