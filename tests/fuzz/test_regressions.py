@@ -692,3 +692,22 @@ def test_max_indices_take_the_first_of_ties(dynamic, dtype):
                 x.view(-1)[torch.randperm(x.numel())[: x.numel() // 50]] = math.nan
             for got, want in zip(compiled(x, d), fn(x, d)):
                 assert torch.equal(got, want), (shape, d, nan)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_softmax_rows_sum_in_eager_order(dynamic):
+    """Seed 50155: max(softmax(v, -1), dim=2).indices of a bool v: rows holding the same
+    values in another order got sums an ulp apart in our order and equal ones in eager's
+    (vec::reduce_all: 16 / 8 lanes, then a halving tree), so a column eager ties took a
+    later index. The last-dim softmax and log_softmax sum in eager's order and softmax
+    multiplies by the reciprocal: the same bits as eager for these rows."""
+    fn = lambda v: (torch.softmax(v, -1, dtype=torch.float32),  # noqa: E731
+                    torch.log_softmax(v, -1, dtype=torch.float32))
+    idx = lambda s: torch.max(s, dim=-2).indices  # noqa: E731
+    for shape in ((16, 1, 12, 64), (4, 40, 100), (6, 9, 7), (3, 8, 16), (2, 5, 1037)):
+        compiled = _compile(fn, "cpu", dynamic=dynamic)
+        v = torch.rand(shape) < torch.rand(shape[:-1] + (1,))
+        got, want = compiled(v), fn(v)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), shape
+            assert torch.equal(idx(g), idx(w)), shape

@@ -32,6 +32,16 @@ SPLIT_MIN = 64  # fewest columns per part when the columns are split between thr
 # interleave the terms: SUM_BLOCK_NARROW keeps its vector loop long.
 SUM_BLOCK = 16
 SUM_BLOCK_NARROW = 32
+# A pass of float sums only over fewer than NARROW_ROWS kept elements takes eager's partials
+# there too (ColumnEmitter.narrow_sums; fuzz run 7 measured 1.1-1.7x eager's mean error at
+# 8-100 rows with the vector loop above). Eager (ATen's scalar_outer_sum) sums the kept
+# elements in groups of 4 with one fp32 accumulator each, in runs of 16 rows, and each of the
+# last K mod 4 with ``row_sum``: 4 accumulators over the rows mod 4, runs of 16 rows each;
+# a lone kept element (K = 1) is a contiguous inner sum: 8 vector lanes of 4 such
+# accumulators, rows mod 32. Our runs are the same, totalled in double. Switch: the
+# benchmark's "before".
+NARROW_EAGER_ORDER = True
+NARROW_EAGER_BLOCK = 512  # reduced elements a block of the narrow sums spans (16 runs of 32)
 # Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
 # reduced elements inside: a vector loop over 4 elements per reduced one is slow
 # (docs/benchmarks.md).
@@ -258,8 +268,10 @@ class ColumnEmitter(RowEmitter):
         deps = self.col_deps([a for x in reds for a in x.args] + [x for _, x, _ in outs])
         wide = [x for x in reds if self.wide(x)]
         lo, hi = "c_lo", "c_hi"
+        eager = NARROW_EAGER_ORDER and bool(reds) and len(wide) == len(reds) and not outs
         if wide:  # blocks of SUM_BLOCK reduced elements: fp32 partials, then double totals
-            w(f"    for (int64_t sb = fast && nr < {NARROW_ROWS} ? {SUM_BLOCK_NARROW} : {SUM_BLOCK}, "
+            narrow = NARROW_EAGER_BLOCK if eager else SUM_BLOCK_NARROW
+            w(f"    for (int64_t sb = fast && nr < {NARROW_ROWS} ? {narrow} : {SUM_BLOCK}, "
               "cb = c_lo; cb < c_hi; cb += sb) {")
             w("    const int64_t ce = std::min<int64_t>(cb + sb, c_hi);")
             lo, hi = "cb", "ce"
@@ -267,7 +279,10 @@ class ColumnEmitter(RowEmitter):
             w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
                "generic": "    else {"}[path])
             if path == "narrow":
-                self.narrow(reds, outs, deps, lo, hi)
+                if eager:
+                    self.narrow_sums(reds, deps, lo, hi)
+                else:
+                    self.narrow(reds, outs, deps, lo, hi)
                 w("    }")
                 continue
             w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
@@ -320,6 +335,85 @@ class ColumnEmitter(RowEmitter):
             if a.col:
                 off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
                 w(f"{ind}const int64_t o{k} = {off};")
+
+    def narrow_sums(self, reds, deps, lo: str, hi: str) -> None:
+        """The narrow path of a pass of float sums only, in eager's partials
+        (NARROW_EAGER_ORDER): the first NR / 4 * 4 kept elements a run of 16 rows at a
+        time into one fp32 partial each; the others 4 partials over the rows mod 4 (a lone
+        kept element: 32), 16 rows each; every partial then into the double total, as are
+        the rows after the last whole group of 4 (32) rows (eager adds them to an fp32
+        partial). One loop over the rows reads each row once; it is a template over the
+        kept count NR (1..NARROW_ROWS - 1), so the partials stay in registers. [lo, hi) is
+        a block of NARROW_EAGER_BLOCK reduced elements from c_lo (runs start at its start)."""
+        w = self.w
+
+        def add(ind: str, j: str, target: str) -> None:
+            """The summands at reduced element c, kept element j, added into target."""
+            w(f"{ind}{{ const int64_t j = {j}; (void)j;")
+            self.offsets(ind + "  ")
+            for y in deps:
+                self.define(y, ind + "  ", col=True, path="fast")
+            for x in reds:
+                v = conv(self.var(x.args[0]), x.args[0].dtype, x.dtype)
+                acc = target.format(id=x.id)
+                w(f"{ind}  {f'{acc} += {v};' if acc.startswith('tot') else sum_update(x, acc, v, self.var)}")
+            w(f"{ind}}}")
+
+        w("     auto sums = [&](auto nrc) {")
+        w("      constexpr int64_t NR = decltype(nrc)::value;")
+        w("      if constexpr (NR == 1) {  // eager's contiguous inner sum: 8 lanes x 4 partials")
+        w(f"       for (int64_t q = {lo}; q < {hi}; q += 512) {{")
+        w(f"        const int64_t qe = std::min<int64_t>(q + 512, {hi}), qw = q + (qe - q) / 32 * 32;")
+        for x in reds:
+            w(f"        float sp{x.id}[32] = {{}};")
+        w("        for (int64_t c0 = q; c0 < qw; c0 += 32)")
+        w("        for (int64_t k = 0; k < 32; ++k) {")
+        w("         const int64_t c = c0 + k;")
+        add("         ", "0", "sp{id}[k]")
+        w("        }")
+        for x in reds:
+            w(f"        for (int64_t k = 0; k < 32; ++k) tot{x.id}[0] += sp{x.id}[k];")
+        w("        for (int64_t c = qw; c < qe; ++c)")
+        add("         ", "0", "tot{id}[0]")
+        w("       }")
+        w("      } else {")
+        w("       constexpr int64_t NG = NR / 4 * 4;  // in groups of 4: runs of 16 rows")
+        w(f"       for (int64_t q = {lo}; q < {hi}; q += 64) {{")
+        w(f"        const int64_t qe = std::min<int64_t>(q + 64, {hi}), qw = q + (qe - q) / 4 * 4;")
+        for x in reds:
+            w(f"        float sp{x.id}[4][NR] = {{}};  // the others': rows mod 4")
+        w("        for (int64_t s = q; s < qe; s += 16) {")
+        w("         const int64_t se = std::min<int64_t>(s + 16, qe), sw = std::min(se, qw);")
+        for x in reds:
+            w(f"         float sg{x.id}[NR] = {{}};")
+        w("         for (int64_t c0 = s; c0 < sw; c0 += 4)")
+        w("         _Pragma(\"GCC unroll 4\") for (int64_t k = 0; k < 4; ++k) {")
+        w("          const int64_t c = c0 + k;")
+        w("          _Pragma(\"GCC unroll 8\") for (int64_t jj = 0; jj < NG; ++jj)")
+        add("           ", "jj", "sg{id}[j]")
+        w("          _Pragma(\"GCC unroll 8\") for (int64_t jj = NG; jj < NR; ++jj)")
+        add("           ", "jj", "sp{id}[k][j]")
+        w("         }")
+        w("         for (int64_t c = sw; c < se; ++c) {")
+        w("          for (int64_t jj = 0; jj < NG; ++jj)")
+        add("           ", "jj", "sg{id}[j]")
+        w("          for (int64_t jj = NG; jj < NR; ++jj)")
+        add("           ", "jj", "tot{id}[j]")
+        w("         }")
+        for x in reds:
+            w(f"         for (int64_t j = 0; j < NG; ++j) tot{x.id}[j] += sg{x.id}[j];")
+        w("        }")
+        for x in reds:
+            w("        for (int64_t j = NG; j < NR; ++j)")
+            w(f"         for (int64_t k = 0; k < 4; ++k) tot{x.id}[j] += sp{x.id}[k][j];")
+        w("       }")
+        w("      }")
+        w("     };")
+        w("     switch (nr) {")
+        for k in range(1, NARROW_ROWS):
+            w(f"      case {k}: sums(std::integral_constant<int64_t, {k}>{{}}); break;")
+        w("      default: break;")
+        w("     }")
 
     def narrow(self, reds, outs, deps, lo: str, hi: str) -> None:
         """The fast path for a block of few kept elements: each kept element j in turn, a

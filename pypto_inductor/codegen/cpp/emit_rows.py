@@ -778,6 +778,53 @@ class RowEmitter:
         for x in reductions:
             self.w(f"      acc{x.id} += acc{x.id}_v[0];")
 
+    def lane_sum(self, x, has_fast: bool) -> None:
+        """Float sum x in eager's vec::reduce_all order (``x.attrs["lanes"]`` = V floats a
+        vector; reduction.SOFTMAX_EAGER_ORDER): lane l adds the columns l mod V in order
+        (groups of V columns, an inner ``omp simd`` loop over the lanes that GCC vectorises
+        math calls and all), the row's last C mod V columns go into lanes 0.., then the
+        lanes add as a halving tree (V/2 apart, then V/4, ...: eager's shuffles); a row of
+        fewer than V columns adds in column order. Lanes start at -0.0, the exact identity
+        (0 + -0 is +0)."""
+        n, i = x.attrs["lanes"], x.id
+        v = conv(self.var(x.args[0]), x.args[0].dtype, torch.float32)
+        w = self.w
+        w(f"    alignas(64) float ln{i}[{n}];")
+        w(f"    for (int l = 0; l < {n}; ++l) ln{i}[l] = -0.0f;")
+        w(f"    const int64_t cg{i} = c0 + (c1 - c0) / {n} * {n};")
+        deps = self.col_deps([x.args[0]])
+        for path in (["fast", "generic"] if has_fast else ["generic"]):
+            w("    if (fast) {" if path == "fast" else "    else {" if has_fast else "    {")
+            for head, col, lane in (
+                    (f"      for (int64_t cb = c0; cb < cg{i}; cb += {n}) {{\n"
+                     "      #pragma omp simd\n"
+                     f"      for (int64_t l = 0; l < {n}; ++l) {{\n"
+                     "        const int64_t c = cb + l;", "      }", "l"),
+                    (f"      for (int64_t c = cg{i}; c < c1; ++c) {{", "", f"c - cg{i}")):
+                w(head)
+                if path == "generic" and self.p.m > 1:
+                    w("        int64_t u = c; (void)u;")
+                    for d in range(self.n - 1, self.outer - 1, -1):
+                        w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
+                for y in deps:
+                    self.define(y, "        ", col=True, path=path)
+                w(f"        ln{i}[{lane}] += {v};")
+                w("      }")
+                if col:
+                    w(col)
+            w("    }")
+        w(f"    float acc{i} = ln{i}[0];")
+        w(f"    if (c1 - c0 >= {n}) {{")
+        width = n // 2
+        while width:
+            w(f"      for (int l = 0; l < {width}; ++l) ln{i}[l] += ln{i}[l + {width}];")
+            width //= 2
+        w(f"      acc{i} = ln{i}[0];")
+        w(f"    }} else {{")
+        w(f"      for (int64_t l = 1; l < c1 - c0; ++l) acc{i} += ln{i}[l];")
+        w("    }")
+        w(f"    const float v{i} = acc{i};")
+
     def combine_lanes(self, reductions, lanes) -> None:
         for x in reductions:
             a = f"acc{x.id}"
@@ -844,6 +891,12 @@ class RowEmitter:
         for stage in range(1, self.passes + 1):
             reds = [x for x in p.nodes if x.kind == "reduce" and x.id in self.needed
                     and self.stage[x.id] == stage]
+            if len(reds) == 1 and reds[0].attrs.get("lanes") and not reds[0].attrs.get("when") \
+                    and not getattr(p, "cat_bounds", None):
+                self.lane_sum(reds[0], has_fast)
+                self.stored |= self.storing
+                self.row_nodes(stage)
+                continue
             wide = [x for x in reds if x.attrs["red"] == "sum" and ctype(x.dtype) == "float"]
             for x in reds:
                 if x in wide:  # blocked: fp32 per SUM_BLOCK columns, double across blocks

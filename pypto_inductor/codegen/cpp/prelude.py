@@ -38,6 +38,12 @@ PI_INLINE int64_t pi_ipow(int64_t b, int64_t e) {
 
 PI_INLINE float pi_f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 PI_INLINE uint32_t pi_u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+// a's magnitude with b's sign bit, NaN signs included: pi_copysign(a, x * x) is folded by
+// GCC to fabs(a) (x * x "is not negative"), while x86 gives -NaN * -NaN the negative NaN
+// eager keeps (float16 x * x + 1, tanh(x * x), erf(x * x) of a -NaN)
+PI_INLINE float pi_copysign(float a, float b) {
+  return pi_f((pi_u(a) & 0x7fffffffu) | (pi_u(b) & 0x80000000u));
+}
 
 // bfloat16 <-> float
 PI_INLINE float ld_bf16(uint16_t h) { return pi_f((uint32_t)h << 16); }
@@ -89,7 +95,7 @@ PI_INLINE float rnd_f16(float f) {
   const float e = pi_f((pi_u(a) & 0x7f800000u) + (13u << 23));
   const float m = e > 0.5f ? e : 0.5f;
   const float r = (a + m) - m;
-  return std::copysign(a >= 65520.0f ? INFINITY : r, f);
+  return pi_copysign(a >= 65520.0f ? INFINITY : r, f);
 }
 
 // n consecutive halves <-> floats, for a block of a row staged before the loop over it
@@ -206,7 +212,7 @@ PI_INLINE float pi_tanh(float x) {
   p = PI_FMA(p, s, -3.33332819422e-1f);
   p = PI_FMA(p * s, a, a);
   const float q = 1.0f - 2.0f / (pi_exp(a + a) + 1.0f);
-  return std::copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
+  return pi_copysign(a < 0.625f ? p : q, x);  // odd: tanh(-0.0) is -0.0
 }
 // sigmoid of a NaN is the NaN of the other sign, as eager's 1 / (1 + exp(-x)) gives on x86
 // (the NaN operand propagates with its sign through each op); GCC folds our -x into the
@@ -276,7 +282,7 @@ PI_INLINE float pi_erf(float x) {
   const float u = pi_erfc_uv(c, h, pi_sq_lo(c, h), &v);
   const float big = PI_FMA(-u, v, 1.0f);
   const float e = a < 1.0f ? pi_erf_small(a) : big;
-  return std::copysign(e, x);  // odd: erf(-0.0) is -0.0
+  return pi_copysign(e, x);  // odd: erf(-0.0) is -0.0
 }
 // 1 + erf(x / sqrt 2) (twice the normal CDF, GELU's factor) as erfc(|x| / sqrt 2) or 2 minus
 // it, not as 1 + erf, which cancels for negative x (eager's GELU is 100% off at x = -5.5

@@ -22,6 +22,20 @@ from .program import FLOATS, Lit, Node, NotNative
 # column softmax/log_softmax of these dtypes give eager's NaN signs (column_softmax):
 # bfloat16's are not matched (eager's vector body stores 0xffff, its scalar tails 0x7fc0)
 COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
+# A float32 softmax / log_softmax over the last dim sums exp(x - max) in eager's order (ATen's
+# vec::reduce_all / map_reduce_all: lane l of a vector of SOFTMAX_LANES floats adds the
+# columns l mod SOFTMAX_LANES in order, the row's tail into its first lanes, then the lanes
+# in a halving tree; a row shorter than one vector in column order) and softmax multiplies by
+# the sum's reciprocal, as eager does: the same bits as eager's (our pi_exp is its exp), so
+# rows holding the same values in another order get the same sums as in eager, which
+# argmax over their ties reads (fuzz seed 50155). Switch (the benchmark's "before"): the
+# blocked sum (fp32 per SUM_BLOCK columns, double across) and a division.
+SOFTMAX_EAGER_ORDER = True
+
+
+def softmax_lanes() -> int:
+    """floats per vector of eager's softmax kernels here: AVX-512 16, else 8 (AVX2)."""
+    return 16 if _avx512() else 8
 
 
 def _avx512() -> bool:
@@ -167,13 +181,16 @@ class ReductionAnalysis:
                 return self.round(self.expr("row", "(std::log({0}) + {1})", s, safe), out, op)
             shifted = self.expr("col", "({0} - {1})", x, mx)
             e = self.expr("col", "pi_exp({0})", shifted)
-            s = self.reduce("sum", e)
+            eager = SOFTMAX_EAGER_ORDER and self.perm is None and out == torch.float32
+            s = self.shared("reduce", "row", [e], None, red="sum", lanes=softmax_lanes()) \
+                if eager else self.reduce("sum", e)
             # NaN signs of eager's last-dim kernels (a row reduction here; seed 22137, measured
             # in docs/fuzz.md): softmax's NaN is negative (in ~97% of such rows), log_softmax's
             # is the input's where the input is NaN, negative elsewhere
             last = self.perm is None
             if name == "softmax":
-                q = self.expr("col", "({0} / {1})", e, s)
+                q = self.expr("col", "({0} * {1})", e, self.expr("row", "(1.0f / {0})", s)) \
+                    if eager else self.expr("col", "({0} / {1})", e, s)
                 return self.round(self.expr("col", "pi_nan_neg({0})", q) if last else q, out, op)
             logs = self.expr("row", "std::log({0})", s)
             r = self.expr("col", "({0} - {1})", shifted, logs)
