@@ -105,3 +105,20 @@ def run_both():
         return Run(out, ref, pypto_inductor.FusionReport(graphs, target=config.target))
 
     return run
+
+
+@pytest.fixture
+def sources(monkeypatch):
+    """The C++ source of every native kernel the cpu target builds during the test."""
+    from pypto_inductor.codegen import cpp
+    out = []
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        out.extend(cpp.generate_source(k.program) for k in kernels
+                   if getattr(k, "native", False))
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    return out

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor.codegen import cpp
 from pypto_inductor.codegen.cpp import compiler as cpp_build
 from pypto_inductor.codegen.cpp import emit_rows
 from pypto_inductor.codegen.cpp.prelude import PRELUDE
@@ -183,22 +182,6 @@ def test_block_conversion_tails(isa):
 
 
 # --- whole kernels -------------------------------------------------------------------
-@pytest.fixture
-def sources(monkeypatch):
-    """The C++ source of every native kernel built."""
-    out = []
-    real = cpp.build_many
-
-    def spy(tiles, graph):
-        kernels = real(tiles, graph)
-        out.extend(cpp.generate_source(k.program) for k in kernels
-                   if getattr(k, "native", False))
-        return kernels
-
-    monkeypatch.setattr(cpp, "build_many", spy)
-    return out
-
-
 def _check(fn, *inputs, sources=None, staged=True, atol=1e-2, rtol=1e-2):
     compiled = torch.compile(fn, backend="pypto", options={"target": "cpu", "fallback": "error"})
     with torch.no_grad():
