@@ -116,7 +116,7 @@ def attribute_death(seed: int, code: int, timeout: float = 600.0) -> dict:
                       "the worker died in compiled code"}
 
 
-def _eager_trace(seed: int) -> None:
+def eager_trace(seed: int) -> None:
     """Case ``seed`` traced by Dynamo with ``backend="eager"`` (no backend of ours), static
     and ``dynamic=True`` at both sizes, backward included, then with ``decomposed_eager``
     (AOTAutograd and the decomposition table, graphs run eagerly). A stage marker before
@@ -155,7 +155,7 @@ def _eager_trace(seed: int) -> None:
 def attribute_timeout(seed: int, timeout: float) -> dict:
     """The record of a case that did not finish in ``timeout`` s: it is traced and run with
     ``backend="eager"`` (Dynamo alone), then ``decomposed_eager`` (AOTAutograd with the
-    decomposition table), in a fresh process under the same timeout (``_eager_trace``). If
+    decomposition table), in a fresh process under the same timeout (``eager_trace``). If
     that does not finish either, or dies, the hang is upstream (``reason`` names the step:
     seed 60034, Dynamo's unbind over a 3,136-long dynamic dim); if it finishes, ours."""
     record = {"seed": seed, "process": f"timeout after {timeout:.0f} s"}
@@ -264,9 +264,9 @@ def _drive(args) -> list[dict]:
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:  # a run that was stopped: keep its cases
             records = [json.loads(line) for line in f if line.strip()]
-        old = [i for i, r in enumerate(records) if _unsettled(r)]
+        old = [i for i, r in enumerate(records) if unsettled(r)]
         for i in old:  # deaths and timeouts recorded before they were attributed
-            records[i] = _settle(records[i], args)
+            records[i] = settle(records[i], args)
         if old:
             tmp = f"{args.json}.tmp"
             with open(tmp, "w") as f:
@@ -315,7 +315,7 @@ def _death_code(record: dict) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _unsettled(record: dict) -> bool:
+def unsettled(record: dict) -> bool:
     """A death or timeout that an older runner recorded without this one's attribution:
     any death or timeout without ``upstream``, and a SIGKILL that was not re-run."""
     process = record.get("process", "")
@@ -324,7 +324,7 @@ def _unsettled(record: dict) -> bool:
     return "upstream" not in record or _death_code(record) == -9
 
 
-def _settle(record: dict, args) -> dict:
+def settle(record: dict, args) -> dict:
     """Attributes an older record as the runner does now (``--resume``)."""
     seed, code = record["seed"], _death_code(record)
     if code == -9:
@@ -550,7 +550,7 @@ def main(argv=None) -> int:
         _eager_only(args.eager_only)
         return 0
     if args.eager_trace is not None:
-        _eager_trace(args.eager_trace)
+        eager_trace(args.eager_trace)
         return 0
     if args.shrink:
         return _shrink_repro(Path(args.shrink), args.shrink_seconds)

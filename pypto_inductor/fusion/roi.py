@@ -29,7 +29,7 @@ from .capacity import column_sum, group_domain
 
 _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
 # Rows a column sum in a row kernel adds into one fp32 partial (eager's 16-row runs,
-# emit_columns.SUM_BLOCK)
+# column_order.SUM_BLOCK)
 COLUMN_RUN = 16
 
 

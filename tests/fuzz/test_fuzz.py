@@ -426,7 +426,7 @@ def test_resume_attributes_older_timeouts_and_reruns_sigkills(monkeypatch):
     timeout = {"seed": 60034, "process": "timeout after 1200 s"}
     killed = {"seed": 60169, "process": "worker died (exit code -9)", "upstream": False}
     segv = {"seed": 50417, "process": "worker died (exit code -11)", "upstream": True}
-    assert fuzz._unsettled(timeout) and fuzz._unsettled(killed) and not fuzz._unsettled(segv)
+    assert fuzz.unsettled(timeout) and fuzz.unsettled(killed) and not fuzz.unsettled(segv)
     monkeypatch.setattr(fuzz, "attribute_timeout", lambda seed, t: {**timeout, "upstream": True})
 
     class Passing:
@@ -441,16 +441,16 @@ def test_resume_attributes_older_timeouts_and_reruns_sigkills(monkeypatch):
             pass
     monkeypatch.setattr(fuzz, "Worker", Passing)
     args = type("Args", (), {"timeout": 1200})
-    assert fuzz._settle(timeout, args)["upstream"] is True
-    again = fuzz._settle(killed, args)
+    assert fuzz.settle(timeout, args)["upstream"] is True
+    again = fuzz.settle(killed, args)
     assert again["note"] == fuzz.KILLED and again["killed"] == killed["process"]
-    assert not fuzz._unsettled(again)
+    assert not fuzz.unsettled(again)
 
 
 def test_eager_trace_runs_a_case_without_our_backend(capsys):
     """The attribution's own run (``--eager-trace``): every stage, then the program."""
     fuzz = _fuzz_module()
-    fuzz._eager_trace(1000)
+    fuzz.eager_trace(1000)
     out = [json.loads(line[len(fuzz.MARK):]) for line in capsys.readouterr().out.splitlines()
            if line.startswith(fuzz.MARK)]
     assert [m["stage"] for m in out if "stage" in m] == [
@@ -480,7 +480,7 @@ def test_unbind_and_split_stay_short():
         b.rng.seed(attempt)
         before = len(b.statements)
         try:
-            generator._cat(b)
+            generator.BUILDERS["cat"](b)
         except generator.Rejected:
             continue
         if len(b.statements) == before:

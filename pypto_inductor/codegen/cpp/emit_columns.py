@@ -17,20 +17,13 @@ generic strided one.
 """
 from __future__ import annotations
 
+# the column sums' order, shared with row kernels that also sum columns (emit_rows)
+from .column_order import ROWS_PER_BLOCK, SPLIT_MIN, SUM_BLOCK
 from .emit_rows import PARALLEL_MIN, RowEmitter
 from .ops import conv, ctype, expression, identity, load, store, sum_update
 
-ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)
-SPLIT_MIN = 64  # fewest columns per part when the columns are split between threads
-# A float sum adds SUM_BLOCK reduced elements into fp32 partial sums, then each partial into
-# a double total: one fp32 accumulator saturates over very many rows, and 256-row blocks were
-# 13x farther from float64 than eager on a cancelling 496-row sum (fuzz seed 33342). Eager's
-# column sum (ATen's cascade_sum, vectorised over 4 x 8 columns) adds rows in runs of 16 from
-# row 0, then sums those partials in fp32 (level by level); 16 here gives the same partials,
-# totalled in double, so never less accurate (32 rows: 6x eager's error, fuzz seed 50261).
 # The narrow path (few kept elements) vectorises over the reduced elements, its lanes already
 # interleave the terms: SUM_BLOCK_NARROW keeps its vector loop long.
-SUM_BLOCK = 16
 SUM_BLOCK_NARROW = 32
 # A pass of float sums only over fewer than NARROW_ROWS kept elements takes eager's partials
 # there too (ColumnEmitter.narrow_sums; fuzz run 7 measured 1.1-1.7x eager's mean error at

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from . import column_order
 from .indexing import gather_address, index_prologue, iota
 from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
                   identity, literal, load, mark_contractions, number, size, store, sum_update)
@@ -290,18 +291,18 @@ class RowEmitter:
     # --- column sums over the rows -----------------------------------------------------
     def column_sum_runs(self) -> None:
         """Work items for a row kernel that also sums columns over its rows: runs of
-        emit_columns.SUM_BLOCK rows, each adding its rows into an fp32 partial per column
+        column_order.SUM_BLOCK rows, each adding its rows into an fp32 partial per column
         (``pcs<k>``, one row of C per run), totalled in double in run order after the loop
         (column_sum_totals). Runs and totals are the column-sum kernel's (emit_columns):
         SUM_BLOCK rows from its first row, and where that kernel splits the rows between
         nt threads (CSS parts; its condition, over the same sizes), runs start at each
         part's first row and each part is totalled before the parts are added. So the sums
         are bit for bit the unfused kernel's, at any thread count."""
-        from .emit_columns import ROWS_PER_BLOCK, SPLIT_MIN, SUM_BLOCK
         w = self.w
-        self.run = SUM_BLOCK
-        w(f"  const int64_t CSS = (nt > 1 && (C + {ROWS_PER_BLOCK - 1}) / {ROWS_PER_BLOCK} < nt"
-          f" && R >= {SPLIT_MIN} * nt) ? nt : 1;")
+        self.run = column_order.SUM_BLOCK
+        per_block = column_order.ROWS_PER_BLOCK
+        w(f"  const int64_t CSS = (nt > 1 && (C + {per_block - 1}) / {per_block} < nt"
+          f" && R >= {column_order.SPLIT_MIN} * nt) ? nt : 1;")
         w("  int64_t* CSF = (int64_t*)std::malloc(sizeof(int64_t) * (CSS + 1));")
         w("  CSF[0] = 0;")
         w("  for (int64_t s = 0; s < CSS; ++s)")
@@ -820,7 +821,7 @@ class RowEmitter:
             w(f"      for (int l = 0; l < {width}; ++l) ln{i}[l] += ln{i}[l + {width}];")
             width //= 2
         w(f"      acc{i} = ln{i}[0];")
-        w(f"    }} else {{")
+        w("    } else {")
         w(f"      for (int64_t l = 1; l < c1 - c0; ++l) acc{i} += ln{i}[l];")
         w("    }")
         w(f"    const float v{i} = acc{i};")
