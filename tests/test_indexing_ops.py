@@ -380,9 +380,11 @@ def test_index_put_accumulate_is_native_and_matches_eager_bitwise(dtype, index_d
     assert _native_index_put(tiles), tiles
 
 
-def test_index_put_accumulate_broadcasts_values():
+@pytest.mark.parametrize("values_shape", [(8,), (1, 10, 8), (4, 1, 1)])
+def test_index_put_accumulate_broadcasts_values(values_shape):
     torch.manual_seed(13)
-    x, index, values = torch.randn(5, 8), _duplicated_rows(5, 40), torch.randn(8)
+    x, values = torch.randn(5, 8), torch.randn(values_shape)
+    index = _duplicated_rows(5, 40).reshape(4, 10)
     out, ref, tiles = compile_run(lambda x, i, v: x.index_put((i,), v * 2, accumulate=True),
                                   x, index, values)
     torch.testing.assert_close(out, ref, **HALF_EXACT)

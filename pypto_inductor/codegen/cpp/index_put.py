@@ -138,11 +138,12 @@ def build(tile: FusionTile, graph: TileGraph) -> Kernel:
 
     def kernel(inputs: list, syms: tuple) -> list:
         x, values, index = inputs[ix], inputs[iv], inputs[ii]
-        out = torch.empty(x.shape, dtype=x.dtype)
-        out.copy_(x)
+        out = x.clone(memory_format=torch.contiguous_format)
         rows = x.shape[0]
         width = math.prod(x.shape[1:])
-        values = values.expand(tuple(index.shape) + tuple(x.shape[1:])).contiguous()
+        shape = index.shape + x.shape[1:]
+        if values.shape != shape or not values.is_contiguous():
+            values = values.expand(shape).contiguous()  # eager's broadcast (errors alike)
         index = index.reshape(-1).contiguous()
         n = index.numel()
         bad = fn(out.data_ptr(), values.data_ptr(), index.data_ptr(),
