@@ -351,6 +351,83 @@ def test_scatters_run_as_their_own_tiles(case, dynamic):
     assert alone and all(len(k) == 1 for k in alone), tiles
 
 
+HALF_EXACT = {"atol": 0, "rtol": 0}
+
+
+def _duplicated_rows(rows: int, n: int, dtype=torch.int64):
+    """n indices into ``rows`` rows, every row many times, negative ones too."""
+    return torch.randint(-rows, rows, (n,), dtype=dtype)
+
+
+def _native_index_put(tiles) -> bool:
+    puts = [n for kinds, n, _ in tiles if kinds == ["index_put"]]
+    return bool(puts) and all(n["native"] for n in puts)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_index_put_accumulate_is_native_and_matches_eager_bitwise(dtype, index_dtype, dynamic):
+    """Rows added in index order, as eager's serial loop: the same bits (half types round
+    after every add, as eager's)."""
+    torch.manual_seed(12)
+    x = torch.randn(7, 3, 5, dtype=dtype)
+    index = _duplicated_rows(7, 300, index_dtype).reshape(20, 15)
+    values = torch.randn(20, 15, 3, 5, dtype=dtype)
+    out, ref, tiles = compile_run(lambda x, i, v: x.index_put((i,), v, accumulate=True),
+                                  x, index, values, dynamic=dynamic)
+    torch.testing.assert_close(out, ref, **HALF_EXACT)
+    assert _native_index_put(tiles), tiles
+
+
+@pytest.mark.parametrize("values_shape", [(8,), (1, 10, 8), (4, 1, 1)])
+def test_index_put_accumulate_broadcasts_values(values_shape):
+    torch.manual_seed(13)
+    x, values = torch.randn(5, 8), torch.randn(values_shape)
+    index = _duplicated_rows(5, 40).reshape(4, 10)
+    out, ref, tiles = compile_run(lambda x, i, v: x.index_put((i,), v * 2, accumulate=True),
+                                  x, index, values)
+    torch.testing.assert_close(out, ref, **HALF_EXACT)
+    assert _native_index_put(tiles), tiles
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_embedding_backward_with_duplicates_is_native(dtype):
+    """The training step's form: embedding_dense_backward's decomposition (zeros +
+    index_put accumulate); float types equal eager's per-row sums bit for bit. bf16 is
+    summed in float32 there and rounded once, where eager rounds every add."""
+    torch.manual_seed(14)
+    weight = torch.randn(11, 16, dtype=dtype)
+    ids = torch.randint(0, 11, (6, 12))  # about 6 ids a row
+    ids[0, :5] = 0  # padding rows get no gradient
+
+    def fn(w, i):
+        return F.embedding(i, w, padding_idx=0) * 3
+
+    out, ref, tiles = compile_run(fn, weight, ids, backward=True)
+    if dtype == torch.bfloat16:
+        # eager's per-add bf16 rounding, 6 adds a row: a few bf16 ulps of the sum
+        torch.testing.assert_close(out, ref, atol=0.25, rtol=0.03)
+    else:
+        torch.testing.assert_close(out, ref, **HALF_EXACT)
+    assert _native_index_put(tiles), tiles
+
+
+@pytest.mark.parametrize("bad", [7, -8, 100])
+def test_index_put_accumulate_out_of_range_raises_like_eager(bad):
+    torch._dynamo.reset()
+    x, values = torch.randn(7, 4), torch.randn(9, 4)
+    index = _duplicated_rows(7, 9)
+    index[5] = bad
+    with pytest.raises(IndexError, match="out of bounds"):
+        x.index_put((index,), values, accumulate=True)
+    f = torch.compile(lambda x, i, v: x.index_put((i,), v, accumulate=True) + 1,
+                      backend="pypto")
+    with pytest.raises(IndexError, match=f"index {bad} is out of bounds for dimension 0 "
+                                         "with size 7"):
+        f(x, index, values)
+
+
 ONE_HOT = {  # an index one element wide along the scattered dim: where(arange == index, ...)
     "value into zeros": lambda x, i, s: torch.zeros_like(x).scatter(1, i, -1.0) * x.exp(),
     "src along dim 0": lambda x, i, s: x.t().scatter(0, i.t(), s.t()).t(),

@@ -9,7 +9,8 @@ per call (:mod:`.launcher`; through :mod:`.native_call`, else ctypes).
 ``build_many(tiles, graph)`` does the same for all tiles of a graph, compiling
 their functions together as a few shared libraries built concurrently (what the
 runtime uses). Matmul tiles keep the GEMM on torch's BLAS and run their
-elementwise epilogue as one native pass (:mod:`.matmul`). Tiles outside the
+elementwise epilogue as one native pass (:mod:`.matmul`); an accumulating
+``index_put`` (embedding's backward) is one shared native loop (:mod:`.index_put`). Tiles outside the
 native slice (float64, a reshape the analysis cannot follow, ...) run the
 reference executor for that tile, without a warning; the kernel's
 ``native``/``reason`` say so. Large outputs are allocated with huge pages
@@ -24,7 +25,7 @@ from typing import Callable
 
 from ...ir import FusionTile, OpKind, TileGraph
 from .. import Kernel, reference
-from . import compiler, matmul
+from . import compiler, index_put, matmul
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
 from .emit_rows import RowEmitter
@@ -145,6 +146,8 @@ def _prepare(tile: FusionTile, graph: TileGraph):
     """The tile's kernel when it needs no compile (the reference executor outside the native
     slice, a one-op matmul), else a :class:`Pending` with its C++ source."""
     try:
+        if index_put.eligible(tile, graph):  # a data-dependent write: its own loop
+            return index_put.build(tile, graph)
         if tile.kind is OpKind.MATMUL:
             planned = matmul.plan(tile, graph)
             _, _, sub, sub_graph, _, _ = planned
