@@ -100,6 +100,40 @@ def test_broadcast_position_embedding_is_read_where_it_is_used(dynamic):
     assert [kinds for kinds, _, _ in tiles if kinds != fused[0][0]] == [["arange"]], tiles
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_permuted_embedding_is_a_gather_in_the_permuted_order(dynamic):
+    """T5's relative position bias: embedding(bucket[q, k], table[buckets, heads]) permuted
+    to [1, heads, q, k] and added to a mask: the gather itself writes [heads, q, k] (no
+    permute is left in the graph), with eager's values, forward and backward."""
+    torch.manual_seed(11)
+    table = torch.randn(32, 4)
+
+    def fn(bucket, mask, t):
+        return F.embedding(bucket, t).permute(2, 0, 1).unsqueeze(0) + mask
+
+    bucket = torch.randint(0, 32, (6, 5))
+    mask = torch.randn(3, 1, 1, 5)
+    out, ref, tiles = compile_run(fn, bucket, mask, table, dynamic=dynamic, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "permute" not in {k for kinds, _, _ in tiles for k in kinds}, tiles
+    assert "gather" in native_ops(tiles), tiles
+
+
+def test_permuted_gather_kept_for_other_readers_and_outputs():
+    """A gather that something else reads too, or a permute that is returned (a view with
+    eager's strides), keeps the permute view."""
+    torch.manual_seed(12)
+    table = torch.randn(10, 3)
+
+    def fn(ids):
+        e = F.embedding(ids, table)
+        return e.permute(2, 0, 1) * 2, e + 1, F.embedding(ids, table).permute(1, 0, 2)
+
+    out, ref, _ = compile_run(fn, torch.randint(0, 10, (4, 5)))
+    torch.testing.assert_close(out, ref, **FP32)
+    assert out[2].stride() == ref[2].stride()  # the returned view
+
+
 def test_embedding_backward_and_int32_indices():
     torch.manual_seed(1)
     ids = torch.randint(0, 20, (4, 5), dtype=torch.int32)

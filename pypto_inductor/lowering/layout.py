@@ -9,10 +9,12 @@ import sympy
 import torch
 
 from ..ir import OpKind, TensorSpec
+from ..sizes import contiguous_strides
 from .graph import spec_of
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
+PERMUTED_GATHER = True  # see _permuted_gather; the benchmarks' switch for the "before" form
 
 
 def _view(ctx, op, x, **attrs):
@@ -21,18 +23,58 @@ def _view(ctx, op, x, **attrs):
 
 @register_lowering(aten.view, aten._unsafe_view, aten.reshape)
 def lower_view(ctx, x, shape):
-    return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+    return _reshape(ctx, x)
 
 
 @register_lowering(aten.unsqueeze, aten.squeeze, aten.alias, aten.flatten, aten.unflatten)
 def lower_reshape_like(ctx, x, *args, **kwargs):
-    return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+    return _reshape(ctx, x)
+
+
+def _reshape(ctx, x):
+    """A row-major reshape; of an input laid out contiguously where eager's was not (a
+    permuted gather, see _permuted_gather), contiguous too, so the kernels reading it are
+    compiled for the layout it has."""
+    out, spec = ctx.out_spec, ctx.spec(x)
+    if PERMUTED_GATHER and isinstance(x, str) \
+            and tuple(spec.stride) == contiguous_strides(spec.shape) \
+            and tuple(out.stride) != contiguous_strides(out.shape) \
+            and not any(u.op == "output" for u in ctx.node.users):  # returned: eager's strides
+        out = ctx.new_spec(out.shape, out.dtype)
+    return _view(ctx, "view", x, out=out, shape=out.shape)
 
 
 @register_lowering(aten.permute)
 def lower_permute(ctx, x, dims):
     ndim = len(ctx.spec(x).shape)
-    return _view(ctx, "permute", x, dims=tuple(int(d) % ndim for d in dims))
+    dims = tuple(int(d) % ndim for d in dims)
+    return _permuted_gather(ctx, x, dims) or _view(ctx, "permute", x, dims=dims)
+
+
+def _permuted_gather(ctx, x, dims) -> str | None:
+    """A permute of a gather read by nothing else, as the gather of the permuted result.
+
+    The gather is elementwise over its output, so permuting it only renames which output
+    dim reads which source dim or index dim. T5's relative position bias,
+    ``embedding(bucket[q, k], table[32, heads]).permute(2, 0, 1)``, then comes out
+    [heads, q, k] in row-major order: the gather kernel runs rows of k instead of rows of
+    ``heads`` (4) values, and the mask add reading it is contiguous instead of strided."""
+    if not PERMUTED_GATHER or dims == tuple(range(len(dims))) or not isinstance(x, str):
+        return None
+    source = ctx.node.args[0]
+    if len(getattr(source, "users", ())) != 1 \
+            or any(u.op == "output" for u in ctx.node.users):  # a returned view keeps strides
+        return None
+    op = next((n for n in reversed(ctx.graph.nodes) if getattr(n, "name", None) == x), None)
+    if op is None or op.op != "gather":
+        return None
+    inv = {m: k for k, m in enumerate(dims)}
+    attrs = dict(op.attrs)
+    attrs["source_dims"] = tuple(inv[k] if k >= 0 else k for k in op.attrs["source_dims"])
+    attrs["index_dims"] = tuple(tuple(inv[k] for k in d) for d in op.attrs["index_dims"])
+    out = ctx.new_spec(ctx.out_spec.shape, ctx.out_spec.dtype)
+    ctx.maybe_unused.add(x)  # dropped unless something else reads it
+    return ctx.emit("gather", op.kind, op.args, out, **attrs)
 
 
 @register_lowering(aten.transpose, aten.t)
