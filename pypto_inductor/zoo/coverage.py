@@ -260,22 +260,19 @@ forward and backward, fp32 and bf16 autocast, against eager.
 
 **Kernels on the reference executor** (lowered tile ops run through their ATen op by the
 reference executor, not as generated C++; results are eager's own):
-- `tile op index_put` / `tile op scatter`: the backward of `embedding` (gradient rows summed
-  at the token ids, `index_put(accumulate=True)`) and of cross-entropy (`nll_loss_backward`
-  scatters `-1/N` at the targets). Writes at data-dependent positions form tiles of their own;
-  the C++ emitter has no scatter-write loop yet, so ATen's kernel runs them.
 - `reduction over dims [0, 2, 3] takes the last dim but not only the innermost ones`:
   BatchNorm's training statistics over N, H, W of an NCHW tensor (ResNet). The C++ emitter
   reduces innermost dims (rows) or leading dims (columns), not a mix of both yet.
 - `a reshape inside the tile changes its last dim ([2, 16] vs columns of 32)`: one small
   tile per causal-LM forward over the [batch, seq] = [2, 16] inputs (mask / position
   preparation), reshaped across the tile's last dim, which the row emitter only splits.
-- `per-row value of shape [2, 1, 8] broadcast to [2, 8, 8]`: Whisper's decoder positions,
-  `cumsum` of its [2, 8] mask lowered as a masked sum over the [8, 8] triangle; the fused
-  tile's broadcast pattern is not one the C++ emitter forms yet.
 - `a column reduction with views, cats, gathers, pads or aranges inside`: in the backward of
   LLaMA, Qwen2 and Mistral (attention with GQA and rotary embeddings), a gradient summed
   over leading dims through a view or cat, which the column emitter does not take yet.
+
+Writes at data-dependent positions no longer run there: embedding backward's
+`index_put(accumulate=True)` is a native loop (codegen/cpp/index_put.py) and cross-entropy's
+backward scatter an elementwise `where`.
 
 **Graphs run eagerly.** None: no zoo graph has data-dependent sizes. A graph that has them
 (`nonzero` under Dynamo's `capture_dynamic_output_shape_ops`) runs eagerly, and the report's
