@@ -23,6 +23,7 @@ import sympy
 import torch
 
 from ...ir import FusionTile, TileGraph
+from ...sizes import contiguous_strides
 from .. import Kernel
 from . import compiler
 from .prelude import PRELUDE
@@ -113,14 +114,6 @@ def _load():
     return _function
 
 
-def _contiguous_strides(shape) -> list:
-    out, step = [], sympy.Integer(1)
-    for n in reversed(shape):
-        out.append(step)
-        step = step * n
-    return out[::-1]
-
-
 def eligible(tile: FusionTile, graph: TileGraph) -> bool:
     """One ``index_put(accumulate=True)`` with one integer index on dim 0, tensor values,
     a float result declared contiguous, and a C++ compiler to build the loop with."""
@@ -138,7 +131,7 @@ def eligible(tile: FusionTile, graph: TileGraph) -> bool:
     if x.dtype not in DTYPES or values.dtype != x.dtype or index.dtype not in INDEX_DTYPES:
         return False
     if any(sympy.simplify(a - b) != 0 for a, b, n in
-           zip(out.stride, _contiguous_strides(out.shape), out.shape) if n != 1):
+           zip(out.stride, contiguous_strides(out.shape), out.shape) if n != 1):
         return False
     return compiler.find_compiler() is not None
 
