@@ -31,7 +31,9 @@ arithmetic results an ulp up, every summand of a sum an ulp up):
    float64 (cast to the output dtype) or the nudged run side with compiled, or
    where both are non-finite and float64 is finite (both overflowed), or where
    compiled is an infinity of the sign of eager's finite value within a factor of
-   4 of the dtype's max (another summation order overflows).
+   4 of the dtype's max (another summation order overflows), or where compiled is NaN
+   and eager and float64 the same infinity while eager's output holds such a NaN
+   elsewhere (a partial sum overflowing into an opposite infinity, order-dependent).
 """
 from __future__ import annotations
 
@@ -345,6 +347,12 @@ def compare(c: torch.Tensor, e: torch.Tensor, r: torch.Tensor, p: torch.Tensor,
         # (20625: compiled 1.79e308, eager inf)
         bad_class &= ~(((cls_e == 2) | (cls_e == 3)) & (cls_c == 0) & (c.abs() >= fmax / 4)
                        & (torch.sign(c) == torch.sign(e)))
+        # NaN where eager and float64 agree on an infinity: a run of finite terms overflowed
+        # to the opposite infinity before meeting it (inf - inf), which depends on the order
+        # of the sum; allowed only where eager's own output shows the same (a NaN where
+        # float64 is an infinity), so the output is proven order-dependent (seed 70931)
+        if bool(((cls_e == 1) & (cls_r >= 2)).any()):
+            bad_class &= ~((cls_c == 1) & (cls_e >= 2) & (cls_r == cls_e))
         both = (cls_c == 0) & (cls_e == 0)
         cd, ed, rd, pd = (t.double() for t in (c, e, r, p))
         # one rounding of the result, at most, in the coarsest dtype its value went through

@@ -167,6 +167,22 @@ def test_both_overflowing_is_no_mismatch():
     assert check.compare(torch.tensor([big / 8, float("inf")]), e, r, e) is not None
 
 
+def test_overflow_into_an_opposite_infinity_is_no_mismatch_where_eager_does_it_too():
+    """Seed 70931: a float32 sum of [3e38, 3e38, -inf] is NaN in one order (the finite
+    run overflows to +inf first) and -inf in another; float64 says -inf. Compiled NaN
+    where eager is -inf passes only if eager's own output holds such a NaN elsewhere."""
+    inf, nan = float("inf"), float("nan")
+    r = torch.tensor([-inf, -inf, inf], dtype=torch.float64)
+    e = torch.tensor([-inf, nan, inf])
+    assert check.compare(torch.tensor([nan, -inf, inf]), e, r, e) is None
+    # no such NaN in eager's output: compiled NaN is a finding
+    e = torch.tensor([-inf, -inf, inf])
+    assert check.compare(torch.tensor([nan, -inf, inf]), e, r, e) is not None
+    # and the NaN must stand where eager and float64 agree on the infinity
+    e = torch.tensor([inf, nan, inf])
+    assert check.compare(torch.tensor([nan, -inf, inf]), e, r, e) is not None
+
+
 def test_float64_run_rounds_at_explicit_casts():
     f = check.load("def fn(x0):\n    v0 = x0.to(f16)\n    return (v0,)\n", f64=True)
     x = torch.tensor([0.1], dtype=torch.float64)
