@@ -33,7 +33,9 @@ arithmetic results an ulp up, every summand of a sum an ulp up):
    compiled is an infinity of the sign of eager's finite value within a factor of
    4 of the dtype's max (another summation order overflows), or where compiled is NaN
    and eager and float64 the same infinity while eager's output holds such a NaN
-   elsewhere (a partial sum overflowing into an opposite infinity, order-dependent).
+   elsewhere (a partial sum overflowing into an opposite infinity, order-dependent), or
+   where compiled is finite and the nudged run's class differs from eager's (an
+   ulp of the inputs decides whether the element is finite: it is ill-conditioned).
 """
 from __future__ import annotations
 
@@ -353,6 +355,11 @@ def compare(c: torch.Tensor, e: torch.Tensor, r: torch.Tensor, p: torch.Tensor,
         # float64 is an infinity), so the output is proven order-dependent (seed 70931)
         if bool(((cls_e == 1) & (cls_r >= 2)).any()):
             bad_class &= ~((cls_c == 1) & (cls_e >= 2) & (cls_r == cls_e))
+        # finite where an ulp-sized nudge of the inputs changes eager's class: the element
+        # is ill-conditioned (a sum cancelling +max against -max, whose small terms eager
+        # and float64 absorb and compiled may keep: seed 82280, exact sum 2.94, eager and
+        # float64 0, so x ** -1.5 is inf there, NaN nudged, 0.198 compiled)
+        bad_class &= ~((cls_c == 0) & (_finite_class(p) != cls_e))
         both = (cls_c == 0) & (cls_e == 0)
         cd, ed, rd, pd = (t.double() for t in (c, e, r, p))
         # one rounding of the result, at most, in the coarsest dtype its value went through

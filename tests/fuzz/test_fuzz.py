@@ -183,6 +183,23 @@ def test_overflow_into_an_opposite_infinity_is_no_mismatch_where_eager_does_it_t
     assert check.compare(torch.tensor([nan, -inf, inf]), e, r, e) is not None
 
 
+def test_finite_where_a_nudge_changes_eagers_class_is_no_mismatch():
+    """Seed 82280: sum(x) ** -1.5 over a row holding +max, -max and ordinary values. Eager
+    and float64 absorb the ordinary terms into the huge partial sums (sum 0, output inf);
+    a kernel adding in another order keeps them (exact sum 2.94, output 0.198). Nudged by
+    ulps, eager's sum is -4e31 (output NaN): the element is ill-conditioned, and a finite
+    compiled value passes; where the nudge keeps eager's class it still fails."""
+    inf, nan = float("inf"), float("nan")
+    e = torch.tensor([inf, inf])
+    r = torch.tensor([inf, inf], dtype=torch.float64)
+    p = torch.tensor([nan, inf])
+    c = torch.tensor([0.198, inf])
+    assert check.compare(c, e, r, p) is None
+    assert check.compare(torch.tensor([0.198, 0.198]), e, r, p) is not None
+    # a non-finite compiled value of another class still fails
+    assert check.compare(torch.tensor([-inf, inf]), e, r, p) is not None
+
+
 def test_float64_run_rounds_at_explicit_casts():
     f = check.load("def fn(x0):\n    v0 = x0.to(f16)\n    return (v0,)\n", f64=True)
     x = torch.tensor([0.1], dtype=torch.float64)
