@@ -200,6 +200,17 @@ def test_finite_where_a_nudge_changes_eagers_class_is_no_mismatch():
     assert check.compare(torch.tensor([-inf, inf]), e, r, p) is not None
 
 
+def test_float32_value_cast_to_float64_keeps_float32_tolerance():
+    """Seed 82806: bmm(erfc(x), y).to(f64), float32 erfc results an ulp apart from eager's
+    and a dot product cancelling 175-fold: 1.4e-6 relative off, inside float32's
+    tolerance, outside float64's. The value went through float32, so float32's applies."""
+    e = torch.tensor([0.6805338859558105], dtype=torch.float64)
+    r = torch.tensor([0.6805336371096069], dtype=torch.float64)
+    c = torch.tensor([0.6805329322814941], dtype=torch.float64)
+    assert check.compare(c, e, r, e, eps=torch.finfo(torch.float32).eps) is None
+    assert check.compare(c, e, r, e) is not None  # computed in float64: a finding
+
+
 def test_float64_run_rounds_at_explicit_casts():
     f = check.load("def fn(x0):\n    v0 = x0.to(f16)\n    return (v0,)\n", f64=True)
     x = torch.tensor([0.1], dtype=torch.float64)

@@ -189,7 +189,7 @@ OPS = {
     "sigmoid": _f("pi_sigmoid"), "silu": lambda a, n: f"({a[0]} / (1.0f + pi_exp_d(-{a[0]})))",
     "relu": lambda a, n: f"({a[0]} < 0 ? ({ctype(n.attrs['common'])})0 : {a[0]})",
     "gelu": lambda a, n: _gelu(a, n),
-    "erf": _f("pi_erf"), "erfc": _f("std::erfc"), "exp2": _f("std::exp2"),
+    "erf": _f("pi_erf"), "erfc": _f("pi_erfc"), "exp2": _f("std::exp2"),
     "expm1": _f("std::expm1"), "log1p": _f("std::log1p"), "log2": _nan_positive("log2"),
     "log10": _f("std::log10"), "sin": _f("std::sin"), "cos": _f("std::cos"),
     "tan": _f("std::tan"), "floor": _f("std::floor"), "ceil": _f("std::ceil"),
