@@ -226,7 +226,7 @@ class ColumnEmitter(RowEmitter):
         self.row_nodes(stage)
 
     def outputs(self) -> None:
-        self.block_loop([f"out{k}[r0 + j] = {store(self.var(x), spec.dtype)};"
+        self.block_loop([f"out{k}[r0 + j] = {store(self.var(x), spec.dtype, x)};"
                          for k, (x, spec) in enumerate(self.p.outputs) if x.level == "row"])
 
     def body(self, outs) -> None:
@@ -305,7 +305,7 @@ class ColumnEmitter(RowEmitter):
                     w(f"        {line}")
             for k, x, spec in outs:
                 w(f"        so{k}[j] = {self.var(x)};" if k in staged_outs else
-                  f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+                  f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype, x)};")
             w("      }")
             for k in sorted(staged_outs):
                 w(f"      pi_st_f16_n(so{k}, out{k} + c * R + r0, nr);")
@@ -438,7 +438,7 @@ class ColumnEmitter(RowEmitter):
             if self.has_nan(x):
                 w(f"        sna{x.id} |= ({v} != {v});")
         for k, x, spec in outs:
-            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype, x)};")
         w("      }")
         for x in reds:
             for line in self.update(x, f"sa{x.id}", f"sna{x.id}"):

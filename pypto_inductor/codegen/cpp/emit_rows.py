@@ -329,7 +329,7 @@ class RowEmitter:
             w("    }")
             w("    for (int64_t c = 0; c < C; ++c) ctot[c] += cpart[c];")
             w("  }")
-            w(f"  for (int64_t c = 0; c < C; ++c) out{k}[c] = {store('(float)ctot[c]', spec.dtype)};")
+            w(f"  for (int64_t c = 0; c < C; ++c) out{k}[c] = {store('(float)ctot[c]', spec.dtype, x)};")
             w(f"  std::free(pcs{k});")
         w("  std::free(ctot);")
         w("  std::free(CSF);")
@@ -596,7 +596,7 @@ class RowEmitter:
                     self.w("        " + line)
                 for k, x, spec in outs:
                     self.w(f"        so{k}[c - cs] = {self.var(x)};" if k in staged_outs else
-                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype)};")
+                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype, x)};")
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
@@ -975,4 +975,4 @@ class RowEmitter:
             self.row_part_loops(has_fast, [x for _, x, _ in col_outs], col_outs)
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
-                w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype)};")
+                w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype, x)};")

@@ -20,7 +20,8 @@ from .program import FLOATS, Lit, Node, NotNative
 
 # elements per vector of eager's AVX-512 softmax kernels, by dtype (AVX2: half as many);
 # column softmax/log_softmax of these dtypes give eager's NaN signs (column_softmax):
-# bfloat16's are not matched (eager's vector body stores 0xffff, its scalar tails 0x7fc0)
+# bfloat16's stored NaN is eager's vector body's 0xffff (ops.bf16_store; not its scalar
+# tails' 0x7fc0)
 COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
 # A float32 softmax / log_softmax over the last dim sums exp(x - max) in eager's order (ATen's
 # vec::reduce_all / map_reduce_all: lane l of a vector of SOFTMAX_LANES floats adds the
