@@ -694,6 +694,29 @@ def test_max_indices_take_the_first_of_ties(dynamic, dtype):
                 assert torch.equal(got, want), (shape, d, nan)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_column_softmax_sums_in_eager_order(dynamic, threads):
+    """softmax / log_softmax over dim 0 (not the dim contiguous in memory): eager's kernel
+    (_vec_softmax / _vec_logsoftmax) adds exp(x - max) per column in one fp32 sum in row
+    order and divides; ours added runs of 16 rows totalled in double (0-28% of elements
+    eager's bits on these shapes). The inputs are small integers, so every exp(x - max) is
+    the same float in eager (its vector lanes' Sleef and its scalar columns' std::exp) and
+    here: only the order of the sums decides."""
+    fn = lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 0))  # noqa: E731
+    g = torch.Generator().manual_seed(3)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape in ((300, 64), (1000, 67), (2000, 5), (7, 3), (130, 40, 3)):
+            compiled = _compile(fn, "cpu", dynamic=dynamic)
+            x = torch.randint(0, 4, shape, generator=g).float()
+            for got, want in zip(compiled(x), fn(x)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=str(shape))
+    finally:
+        torch.set_num_threads(old)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_softmax_rows_sum_in_eager_order(dynamic):
     """Seed 50155: max(softmax(v, -1), dim=2).indices of a bool v: rows holding the same

@@ -188,7 +188,15 @@ class ColumnEmitter(RowEmitter):
 
     @staticmethod
     def wide(x) -> bool:  # a float sum: fp32 partials per SUM_BLOCK, a double total
-        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum"
+        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum" \
+            and not x.attrs.get("sequential")
+
+    @staticmethod
+    def sequential(x) -> bool:
+        """A float sum in one fp32 accumulator over the reduced elements in order (a
+        column softmax's, as eager's _vec_softmax): never blocked, nor vectorised over the
+        reduced elements (the narrow path)."""
+        return x.attrs["red"] == "sum" and bool(x.attrs.get("sequential"))
 
     def total(self, x) -> str:
         """The array holding x's running result over the block (``tot`` for a float sum)."""
@@ -268,9 +276,11 @@ class ColumnEmitter(RowEmitter):
               "cb = c_lo; cb < c_hi; cb += sb) {")
             w("    const int64_t ce = std::min<int64_t>(cb + sb, c_hi);")
             lo, hi = "cb", "ce"
+        # the narrow path vectorises over the reduced elements: not for a sequential sum
+        narrow_ok = "false && " if any(self.sequential(x) for x in reds) else ""
         for path in ("narrow", "fast", "generic"):
-            w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
-               "generic": "    else {"}[path])
+            w({"narrow": f"    if ({narrow_ok}fast && nr < {NARROW_ROWS}) {{",
+               "fast": "    else if (fast) {", "generic": "    else {"}[path])
             if path == "narrow":
                 if eager:
                     self.narrow_sums(reds, deps, lo, hi)

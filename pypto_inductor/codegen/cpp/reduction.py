@@ -32,6 +32,12 @@ COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
 # argmax over their ties reads (fuzz seed 50155). Switch (the benchmark's "before"): the
 # blocked sum (fp32 per SUM_BLOCK columns, double across) and a division.
 SOFTMAX_EAGER_ORDER = True
+# A float32 softmax / log_softmax over a dim that is not the last (a column reduction here)
+# sums exp(x - max) in eager's order there (ATen's _vec_softmax / _vec_logsoftmax: per
+# column, one fp32 accumulator from 0 over the dim in order; softmax divides e / s): one
+# float sum over the whole column, not fp32 runs of SUM_BLOCK totalled in double
+# (emit_columns: a reduce node with ``sequential``). Switch: the benchmark's "before".
+SOFTMAX_COLUMN_EAGER_ORDER = True
 
 
 def softmax_lanes() -> int:
@@ -216,7 +222,8 @@ class ReductionAnalysis:
         # negative default NaN): the NaN-making elements, with their NaN's sign
         shifted = self.expr("col", "({0} - {1})", x, mx)
         e = self.expr("col", "pi_exp({0})", shifted)  # keeps a NaN's sign
-        s = self.reduce("sum", e)
+        s = self.shared("reduce", "row", [e], None, red="sum", sequential=True) \
+            if SOFTMAX_COLUMN_EAGER_ORDER and out == torch.float32 else self.reduce("sum", e)
         # the first (softmax) / last (log_softmax) NaN-making element: 2 c + (its NaN is
         # positive), reduced over the column in a pass only columns whose sum is NaN run
         first = name == "softmax"
