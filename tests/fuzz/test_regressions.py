@@ -695,6 +695,26 @@ def test_max_indices_take_the_first_of_ties(dynamic, dtype):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_log_softmax_rounds_as_eager(dtype, threads):
+    """Seeds 33757, 20230: a float16/bfloat16 log_softmax over the last dim was the float
+    formula rounded once (74-94% of elements eager's bits); eager's kernel keeps the row's
+    sum and its log in the half type (scalar_t arrays), so both are rounded before
+    x - max - log(sum). The same bits as eager's now."""
+    fn = lambda x: torch.log_softmax(x, -1)  # noqa: E731
+    g = torch.Generator().manual_seed(4)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape in ((512, 128), (256, 77), (100, 7), (3, 2049)):
+            compiled = _compile(fn, "cpu")
+            x = (torch.randn(shape, generator=g) * 3).to(dtype)
+            torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0, msg=str(shape))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_column_softmax_sums_in_eager_order(dynamic, threads):
     """softmax / log_softmax over dim 0 (not the dim contiguous in memory): eager's kernel
