@@ -44,6 +44,11 @@ SOFTMAX_COLUMN_EAGER_ORDER = True
 # where the exact float formula, correctly rounded once, matched 74-94%). Switch: the
 # benchmark's "before" (rounded once).
 HALF_LOG_SOFTMAX_AS_EAGER = True
+# A float16 / bfloat16 softmax over the last dim sums in eager's order for those types
+# (_vec_softmax_lastdim's reduced-float kernel: whole vectors of SOFTMAX_LANES floats into
+# lanes, the lanes' halving tree, then the last C mod SOFTMAX_LANES exps in order) and
+# multiplies by the reciprocal. Switch: the old blocked sum and a division.
+HALF_SOFTMAX_EAGER_ORDER = True
 
 
 def softmax_lanes() -> int:
@@ -195,8 +200,13 @@ class ReductionAnalysis:
             shifted = self.expr("col", "({0} - {1})", x, mx)
             e = self.expr("col", "pi_exp({0})", shifted)
             eager = SOFTMAX_EAGER_ORDER and self.perm is None and out == torch.float32
+            half = HALF_SOFTMAX_EAGER_ORDER and self.perm is None and name == "softmax" \
+                and out in (torch.float16, torch.bfloat16)
             s = self.shared("reduce", "row", [e], None, red="sum", lanes=softmax_lanes()) \
-                if eager else self.reduce("sum", e)
+                if eager else self.shared("reduce", "row", [e], None, red="sum",
+                                          lanes=softmax_lanes(), tail_after=True) \
+                if half else self.reduce("sum", e)
+            eager = eager or half
             # NaN signs of eager's last-dim kernels (a row reduction here; seed 22137, measured
             # in docs/fuzz.md): softmax's NaN is negative (in ~97% of such rows), log_softmax's
             # is the input's where the input is NaN, negative elsewhere
