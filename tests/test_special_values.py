@@ -296,6 +296,64 @@ def test_nan_sign_bits_match_eager(name):
                                f"{x.signbit()[bad].tolist()[:8]})")
 
 
+# bfloat16 NaN bits: eager's kernels store a NaN they computed in float as 0xffff (ATen's
+# vectorized conversion: vector bodies, casts, vec::map ops at every position), a reduction's
+# as 0x7fc0 (c10::BFloat16), and copy / cat / where / neg / abs work on the bfloat16 bits.
+# Elementwise ops' scalar tails (0x7fc0) are not followed: only the first 64 elements (two
+# AVX-512 vectors of 32) of those are compared. {name: (fn, whole output compared)}
+BF16_NAN_CASES = {
+    "add": (lambda x, y: x + 1, False), "mul_add": (lambda x, y: x * y + x, False),
+    "exp": (lambda x, y: torch.exp(x), True), "tanh": (lambda x, y: torch.tanh(x), True),
+    "sqrt_neg": (lambda x, y: torch.sqrt(y - 10), True),
+    "cast": (lambda x, y: (x.float() * 2).to(torch.bfloat16), True),
+    "neg": (lambda x, y: -x, False), "abs": (lambda x, y: x.abs(), False),
+    "neg_of_add": (lambda x, y: -(x + 1), False),
+    "where": (lambda x, y: torch.where(y > 0, x, y), True),
+    "cat": (lambda x, y: torch.cat([x, y], -1), True),
+    "gelu": (lambda x, y: F.gelu(x), True),
+    "sum": (lambda x, y: (x * y).sum(-1), True), "mean": (lambda x, y: x.mean(-1), True),
+    "sum_dim0": (lambda x, y: (x + y).sum(0), True),
+}
+
+
+def _bf16_with_nans(shape, g) -> torch.Tensor:
+    """Random bfloat16 values, a third of them NaNs of both signs with assorted payloads
+    (quiet, signalling, all ones)."""
+    bits = torch.tensor([0x7fc0, 0xffc0, 0x7f81, 0xff81, 0x7fff, 0xffff, 0x7fa5, 0xffe3],
+                        dtype=torch.int32)
+    x = torch.randn(shape, generator=g).to(torch.bfloat16).view(torch.int16)
+    pick = torch.randint(0, 8, shape, generator=g)
+    nan = torch.rand(shape, generator=g) < 0.35
+    x[nan] = bits[pick[nan]].to(torch.int16)
+    return x.view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", sorted(BF16_NAN_CASES))
+def test_bfloat16_nan_bits_match_eager(name, threads):
+    """The raw bits (.view(torch.int16)) of bfloat16 outputs holding NaNs equal eager's
+    (0x7fc0 everywhere before: c10's NaN; eager's vector conversion stores 0xffff)."""
+    fn, whole = BF16_NAN_CASES[name]
+    g = torch.Generator().manual_seed(len(name))
+    x, y = _bf16_with_nans((5, 67), g), _bf16_with_nans((5, 67), g)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            out, ref = _compile(fn)(x, y), fn(x, y)
+    finally:
+        torch.set_num_threads(old)
+    if not whole:  # eager's vector body only (each row of 67 runs in one loop of 335)
+        out, ref = out.reshape(-1)[:320], ref.reshape(-1)[:320]
+    assert ref.isnan().any(), name
+    bad = (out.view(torch.int16) != ref.view(torch.int16)).nonzero().flatten().tolist()
+    ob = out.reshape(-1).view(torch.int16)
+    rb = ref.reshape(-1).view(torch.int16)
+    assert not bad, (f"{name}: {len(bad)} of {out.numel()} differ from eager's bits, e.g. "
+                     f"{[(i, hex(int(ob[i]) & 0xffff), hex(int(rb[i]) & 0xffff)) for i in bad[:4]]}"
+                     " (ours, eager's)")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_nan_sign_of_a_square_survives_sign_copies(dtype):
     """-NaN * -NaN is the negative NaN on x86 (eager keeps it), but GCC folded

@@ -188,7 +188,15 @@ class ColumnEmitter(RowEmitter):
 
     @staticmethod
     def wide(x) -> bool:  # a float sum: fp32 partials per SUM_BLOCK, a double total
-        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum"
+        return ctype(x.dtype) == "float" and x.attrs["red"] == "sum" \
+            and not x.attrs.get("sequential")
+
+    @staticmethod
+    def sequential(x) -> bool:
+        """A float sum in one fp32 accumulator over the reduced elements in order (a
+        column softmax's, as eager's _vec_softmax): never blocked, nor vectorised over the
+        reduced elements (the narrow path)."""
+        return x.attrs["red"] == "sum" and bool(x.attrs.get("sequential"))
 
     def total(self, x) -> str:
         """The array holding x's running result over the block (``tot`` for a float sum)."""
@@ -226,7 +234,7 @@ class ColumnEmitter(RowEmitter):
         self.row_nodes(stage)
 
     def outputs(self) -> None:
-        self.block_loop([f"out{k}[r0 + j] = {store(self.var(x), spec.dtype)};"
+        self.block_loop([f"out{k}[r0 + j] = {store(self.var(x), spec.dtype, x)};"
                          for k, (x, spec) in enumerate(self.p.outputs) if x.level == "row"])
 
     def body(self, outs) -> None:
@@ -268,9 +276,11 @@ class ColumnEmitter(RowEmitter):
               "cb = c_lo; cb < c_hi; cb += sb) {")
             w("    const int64_t ce = std::min<int64_t>(cb + sb, c_hi);")
             lo, hi = "cb", "ce"
+        # the narrow path vectorises over the reduced elements: not for a sequential sum
+        narrow_ok = "false && " if any(self.sequential(x) for x in reds) else ""
         for path in ("narrow", "fast", "generic"):
-            w({"narrow": f"    if (fast && nr < {NARROW_ROWS}) {{", "fast": "    else if (fast) {",
-               "generic": "    else {"}[path])
+            w({"narrow": f"    if ({narrow_ok}fast && nr < {NARROW_ROWS}) {{",
+               "fast": "    else if (fast) {", "generic": "    else {"}[path])
             if path == "narrow":
                 if eager:
                     self.narrow_sums(reds, deps, lo, hi)
@@ -305,7 +315,7 @@ class ColumnEmitter(RowEmitter):
                     w(f"        {line}")
             for k, x, spec in outs:
                 w(f"        so{k}[j] = {self.var(x)};" if k in staged_outs else
-                  f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+                  f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype, x)};")
             w("      }")
             for k in sorted(staged_outs):
                 w(f"      pi_st_f16_n(so{k}, out{k} + c * R + r0, nr);")
@@ -438,7 +448,7 @@ class ColumnEmitter(RowEmitter):
             if self.has_nan(x):
                 w(f"        sna{x.id} |= ({v} != {v});")
         for k, x, spec in outs:
-            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype)};")
+            w(f"        out{k}[c * R + r0 + j] = {store(self.var(x), spec.dtype, x)};")
         w("      }")
         for x in reds:
             for line in self.update(x, f"sa{x.id}", f"sna{x.id}"):

@@ -329,7 +329,7 @@ class RowEmitter:
             w("    }")
             w("    for (int64_t c = 0; c < C; ++c) ctot[c] += cpart[c];")
             w("  }")
-            w(f"  for (int64_t c = 0; c < C; ++c) out{k}[c] = {store('(float)ctot[c]', spec.dtype)};")
+            w(f"  for (int64_t c = 0; c < C; ++c) out{k}[c] = {store('(float)ctot[c]', spec.dtype, x)};")
             w(f"  std::free(pcs{k});")
         w("  std::free(ctot);")
         w("  std::free(CSF);")
@@ -596,7 +596,7 @@ class RowEmitter:
                     self.w("        " + line)
                 for k, x, spec in outs:
                     self.w(f"        so{k}[c - cs] = {self.var(x)};" if k in staged_outs else
-                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype)};")
+                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype, x)};")
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
@@ -786,12 +786,16 @@ class RowEmitter:
         math calls and all), the row's last C mod V columns go into lanes 0.., then the
         lanes add as a halving tree (V/2 apart, then V/4, ...: eager's shuffles); a row of
         fewer than V columns adds in column order. Lanes start at -0.0, the exact identity
-        (0 + -0 is +0)."""
+        (0 + -0 is +0). With ``x.attrs["tail_after"]`` (eager's float16/bfloat16 softmax) the
+        last C mod V columns are added in order after the tree instead."""
         n, i = x.attrs["lanes"], x.id
+        after = bool(x.attrs.get("tail_after"))
         v = conv(self.var(x.args[0]), x.args[0].dtype, torch.float32)
         w = self.w
         w(f"    alignas(64) float ln{i}[{n}];")
         w(f"    for (int l = 0; l < {n}; ++l) ln{i}[l] = -0.0f;")
+        if after:
+            w(f"    alignas(64) float tt{i}[{n}];")
         w(f"    const int64_t cg{i} = c0 + (c1 - c0) / {n} * {n};")
         deps = self.col_deps([x.args[0]])
         for path in (["fast", "generic"] if has_fast else ["generic"]):
@@ -809,13 +813,14 @@ class RowEmitter:
                         w(f"        const int64_t j{d} = u % D{d}; u /= D{d};")
                 for y in deps:
                     self.define(y, "        ", col=True, path=path)
-                w(f"        ln{i}[{lane}] += {v};")
+                w(f"        tt{i}[c - cg{i}] = {v};" if after and lane != "l" else
+                  f"        ln{i}[{lane}] += {v};")
                 w("      }")
                 if col:
                     w(col)
             w("    }")
         w(f"    float acc{i} = ln{i}[0];")
-        w(f"    if (c1 - c0 >= {n}) {{")
+        w(f"    if ({'true' if after else f'c1 - c0 >= {n}'}) {{")
         width = n // 2
         while width:
             w(f"      for (int l = 0; l < {width}; ++l) ln{i}[l] += ln{i}[l + {width}];")
@@ -824,6 +829,8 @@ class RowEmitter:
         w("    } else {")
         w(f"      for (int64_t l = 1; l < c1 - c0; ++l) acc{i} += ln{i}[l];")
         w("    }")
+        if after:
+            w(f"    for (int64_t l = 0; l < c1 - cg{i}; ++l) acc{i} += tt{i}[l];")
         w(f"    const float v{i} = acc{i};")
 
     def combine_lanes(self, reductions, lanes) -> None:
@@ -975,4 +982,4 @@ class RowEmitter:
             self.row_part_loops(has_fast, [x for _, x, _ in col_outs], col_outs)
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
-                w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype)};")
+                w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype, x)};")

@@ -88,8 +88,10 @@ static int64_t pi_run(void* out, const void* v, const I* idx, int64_t dt, int64_
   switch (dt) {
     case 0: pi_add_rows((float*)out, (const float*)v, idx, n, rows, w); break;
     case 1: pi_add_rows((double*)out, (const double*)v, idx, n, rows, w); break;
-    case 2: pi_add_rows16<st_bf16, ld_bf16>((uint16_t*)out, (const uint16_t*)v, idx, n, rows, w);
-            break;
+    case 2:  // eager's scalar accumulate: c10::BFloat16's NaN (0x7fc0)
+      pi_add_rows16<st_bf16_scalar, ld_bf16>((uint16_t*)out, (const uint16_t*)v, idx, n, rows,
+                                             w);
+      break;
     default: pi_add_rows16<st_f16, ld_f16>((uint16_t*)out, (const uint16_t*)v, idx, n, rows, w);
   }
   return 0;

@@ -68,11 +68,59 @@ def load(e: str, dt) -> str:
     return e if dt == torch.float32 else f"(int64_t){e}"
 
 
-def store(e: str, dt) -> str:
+# A bfloat16 NaN is stored with the bits eager's kernels give it (measured, torch 2.13,
+# AVX-512; tests/test_special_values.py::test_bfloat16_nan_bits_match_eager): a value
+# computed in float goes through ATen's vectorized conversion (cvtfp32_bf16: any NaN is
+# 0xffff; in the vector bodies, and at every position for casts and vec::map ops such as
+# exp); a reduction's result through c10::BFloat16 (0x7fc0); copies, cat, where, neg and abs
+# work on the bfloat16 bits (an input NaN's own, or the stored 0xffff, sign flipped or
+# cleared); gelu passes the input NaN on, quieted. Elementwise ops' scalar tails (their last
+# < 32 elements) store 0x7fc0: a fused kernel follows the vector body. False: every NaN
+# 0x7fc0 (the old store).
+BF16_NAN_BY_PATH = True
+BITS = "bits"  # the NaN's float bits carry the bfloat16 ones (a loaded NaN, its payload)
+
+
+def bf16_nan(x):
+    """The bits eager stores for node x's NaN: an int, or BITS (x's float NaN's top 16)."""
+    if not hasattr(x, "id"):
+        return BITS  # a literal (NAN is 0x7fc00000, as c10's)
+    if x.kind == "load":
+        return BITS if x.dtype == torch.bfloat16 else 0xffff  # else a cast: vectorized
+    if x.kind in ("reduce", "colsum"):
+        return 0x7fc0
+    op = x.attrs.get("op") if x.kind == "op" else None
+    args = [a for a in x.args if hasattr(a, "id")]
+    if op in ("copy", "cat", "where") or (op == "cast" and args
+                                         and args[0].dtype == torch.bfloat16):
+        kinds = {bf16_nan(a) for a in (x.args[1:] if op == "where" else x.args)}
+        return kinds.pop() if len(kinds) == 1 else 0xffff
+    if op in ("neg", "abs") and args and args[0].dtype == torch.bfloat16:
+        inner = bf16_nan(args[0])
+        if inner == BITS:
+            return BITS  # float neg/abs flip/clear the sign bit only
+        return inner ^ 0x8000 if op == "neg" else inner & 0x7fff
+    if op == "gelu" and args and args[0].dtype == torch.bfloat16 \
+            and bf16_nan(args[0]) == BITS:
+        return BITS  # its NaN is the input's, quieted by the float math, as eager's
+    return 0xffff
+
+
+def bf16_store(x) -> str:
+    """The prelude's bfloat16 store for node x's value (BF16_NAN_BY_PATH)."""
+    if not BF16_NAN_BY_PATH:
+        return "st_bf16_scalar"
+    bits = 0xffff if x is None else bf16_nan(x)
+    named = {BITS: "st_bf16_bits", 0xffff: "st_bf16", 0x7fc0: "st_bf16_scalar"}
+    return named[bits] if bits in named else f"st_bf16_nan<{bits:#x}>"
+
+
+def store(e: str, dt, node=None) -> str:
+    """e stored as dtype dt; ``node`` (the value's Node) picks a bfloat16 NaN's bits."""
     if dt == torch.float16:
         return f"st_f16({e})"
     if dt == torch.bfloat16:
-        return f"st_bf16({e})"
+        return f"{bf16_store(node)}({e})"
     return e if dt == torch.float32 else f"({STORAGE[dt]})({e})"
 
 
@@ -387,8 +435,7 @@ def expression(n, var, rounded: bool = True) -> str:
 # floats) give the negative NaN for any NaN input, its float16 erfc the positive one, and
 # its vectorized pow the negative one (the scalar tail keeps the input's sign: a fused
 # kernel follows the vector body). sigmoid flips the sign (pi_sigmoid), float32/float16
-# alike. bfloat16 is not matched: eager's vector body stores every NaN as 0xffff, its
-# scalar tails as 0x7fc0 (docs/fuzz.md).
+# alike. bfloat16's NaN bits are its store's (bf16_store).
 NAN_SIGN = {("tanh", torch.float16): "pi_nan_neg", ("sin", torch.float16): "pi_nan_neg",
             ("cos", torch.float16): "pi_nan_neg", ("tan", torch.float16): "pi_nan_neg",
             ("erfc", torch.float16): "pi_nan_pos", ("pow", torch.float16): "pi_nan_neg"}

@@ -47,10 +47,23 @@ PI_INLINE float pi_copysign(float a, float b) {
 
 // bfloat16 <-> float
 PI_INLINE float ld_bf16(uint16_t h) { return pi_f((uint32_t)h << 16); }
-PI_INLINE uint16_t st_bf16(float f) {
-  uint32_t u = pi_u(f);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (f != f) ? (uint16_t)0x7fc0 : (uint16_t)r;
+// Stores differing only in the bits a NaN gets (ops.bf16_store picks one per output, as
+// eager's kernel for that value would store it): st_bf16 as ATen's vectorized conversion
+// (cvtfp32_bf16: every NaN is 0xffff), st_bf16_scalar as c10::BFloat16's
+// round_to_nearest_even (every NaN is 0x7fc0), st_bf16_nan<bits> another constant,
+// st_bf16_bits a NaN's top 16 bits (a bfloat16 NaN loaded and copied, negated, made
+// absolute or selected keeps its bits, as in eager's bit-level kernels for those).
+PI_INLINE uint16_t pi_bf16_rne(uint32_t u) {
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+template <uint16_t NAN_BITS>
+PI_INLINE uint16_t st_bf16_nan(float f) {
+  return (f != f) ? NAN_BITS : pi_bf16_rne(pi_u(f));
+}
+PI_INLINE uint16_t st_bf16(float f) { return st_bf16_nan<0xffff>(f); }
+PI_INLINE uint16_t st_bf16_scalar(float f) { return st_bf16_nan<0x7fc0>(f); }
+PI_INLINE uint16_t st_bf16_bits(float f) {
+  return (f != f) ? (uint16_t)(pi_u(f) >> 16) : pi_bf16_rne(pi_u(f));
 }
 // f rounded to the nearest bfloat16 (as ld_bf16(st_bf16(f)) on every float but NaN, checked
 // on all 2^32) without the narrowing and widening shifts; a NaN stays itself (not the

@@ -20,7 +20,8 @@ from .program import FLOATS, Lit, Node, NotNative
 
 # elements per vector of eager's AVX-512 softmax kernels, by dtype (AVX2: half as many);
 # column softmax/log_softmax of these dtypes give eager's NaN signs (column_softmax):
-# bfloat16's are not matched (eager's vector body stores 0xffff, its scalar tails 0x7fc0)
+# bfloat16's stored NaN is eager's vector body's 0xffff (ops.bf16_store; not its scalar
+# tails' 0x7fc0)
 COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
 # A float32 softmax / log_softmax over the last dim sums exp(x - max) in eager's order (ATen's
 # vec::reduce_all / map_reduce_all: lane l of a vector of SOFTMAX_LANES floats adds the
@@ -31,6 +32,23 @@ COLUMN_NAN_LANES = {torch.float32: 16, torch.float64: 8, torch.float16: 32}
 # argmax over their ties reads (fuzz seed 50155). Switch (the benchmark's "before"): the
 # blocked sum (fp32 per SUM_BLOCK columns, double across) and a division.
 SOFTMAX_EAGER_ORDER = True
+# A float32 softmax / log_softmax over a dim that is not the last (a column reduction here)
+# sums exp(x - max) in eager's order there (ATen's _vec_softmax / _vec_logsoftmax: per
+# column, one fp32 accumulator from 0 over the dim in order; softmax divides e / s): one
+# float sum over the whole column, not fp32 runs of SUM_BLOCK totalled in double
+# (emit_columns: a reduce node with ``sequential``). Switch: the benchmark's "before".
+SOFTMAX_COLUMN_EAGER_ORDER = True
+# A float16 / bfloat16 log_softmax over the last dim rounds as eager's (_vec_log_softmax_
+# lastdim keeps the row's sum and its log in scalar_t arrays): the sum and its log are
+# rounded to the dtype before x - max - log(sum) (eager's bits on every element measured,
+# where the exact float formula, correctly rounded once, matched 74-94%). Switch: the
+# benchmark's "before" (rounded once).
+HALF_LOG_SOFTMAX_AS_EAGER = True
+# A float16 / bfloat16 softmax over the last dim sums in eager's order for those types
+# (_vec_softmax_lastdim's reduced-float kernel: whole vectors of SOFTMAX_LANES floats into
+# lanes, the lanes' halving tree, then the last C mod SOFTMAX_LANES exps in order) and
+# multiplies by the reciprocal. Switch: the old blocked sum and a division.
+HALF_SOFTMAX_EAGER_ORDER = True
 
 
 def softmax_lanes() -> int:
@@ -182,8 +200,13 @@ class ReductionAnalysis:
             shifted = self.expr("col", "({0} - {1})", x, mx)
             e = self.expr("col", "pi_exp({0})", shifted)
             eager = SOFTMAX_EAGER_ORDER and self.perm is None and out == torch.float32
+            half = HALF_SOFTMAX_EAGER_ORDER and self.perm is None and name == "softmax" \
+                and out in (torch.float16, torch.bfloat16)
             s = self.shared("reduce", "row", [e], None, red="sum", lanes=softmax_lanes()) \
-                if eager else self.reduce("sum", e)
+                if eager else self.shared("reduce", "row", [e], None, red="sum",
+                                          lanes=softmax_lanes(), tail_after=True) \
+                if half else self.reduce("sum", e)
+            eager = eager or half
             # NaN signs of eager's last-dim kernels (a row reduction here; seed 22137, measured
             # in docs/fuzz.md): softmax's NaN is negative (in ~97% of such rows), log_softmax's
             # is the input's where the input is NaN, negative elsewhere
@@ -192,7 +215,11 @@ class ReductionAnalysis:
                 q = self.expr("col", "({0} * {1})", e, self.expr("row", "(1.0f / {0})", s)) \
                     if eager else self.expr("col", "({0} / {1})", e, s)
                 return self.round(self.expr("col", "pi_nan_neg({0})", q) if last else q, out, op)
-            logs = self.expr("row", "std::log({0})", s)
+            if HALF_LOG_SOFTMAX_AS_EAGER and last and out in (torch.float16, torch.bfloat16):
+                rnd = "rnd_f16" if out == torch.float16 else "rnd_bf16"
+                logs = self.expr("row", f"{rnd}(std::log({rnd}({{0}})))", s)
+            else:
+                logs = self.expr("row", "std::log({0})", s)
             r = self.expr("col", "({0} - {1})", shifted, logs)
             if last:
                 r = self.expr("col", "({0} != {0} ? ({1} != {1} ? {1} : -NAN) : {0})", r, x)
@@ -215,7 +242,8 @@ class ReductionAnalysis:
         # negative default NaN): the NaN-making elements, with their NaN's sign
         shifted = self.expr("col", "({0} - {1})", x, mx)
         e = self.expr("col", "pi_exp({0})", shifted)  # keeps a NaN's sign
-        s = self.reduce("sum", e)
+        s = self.shared("reduce", "row", [e], None, red="sum", sequential=True) \
+            if SOFTMAX_COLUMN_EAGER_ORDER and out == torch.float32 else self.reduce("sum", e)
         # the first (softmax) / last (log_softmax) NaN-making element: 2 c + (its NaN is
         # positive), reduced over the column in a pass only columns whose sum is NaN run
         first = name == "softmax"
