@@ -35,6 +35,9 @@ CAT_PARTS = True
 # Column sums (bias / norm-weight gradients) computed by the row kernel over the same rows,
 # where the hardware model's kernels can (False: as before, for A/Bs)
 ROW_COLUMN_SUMS = True
+# ... also by a matmul's epilogue (GELU backward's bias gradient) and by a pointwise kernel
+# over a reshape of the sums' input (False: by row kernels only, as before, for A/Bs)
+KERNEL_COLUMN_SUMS = True
 
 
 @dataclasses.dataclass
@@ -358,6 +361,9 @@ class Planner:
             return None
         final = {op.name for op in sums} | self.column_sum_finals(merged)
         dom = group_domain(merged, self.graph)
+        if dom.kind != "row" and not KERNEL_COLUMN_SUMS:
+            return (f"column sums in a {dom.kind} kernel are off "
+                    f"(fusion.planner.KERNEL_COLUMN_SUMS)")
         sizes = {self.graph.hint(dom.numel), self.graph.hint(dom.numel * dom.rnumel)}
         cols = self.graph.hint(self.graph.specs[sums[0].args[0]].shape[-1])
         # a pointwise kernel computes its cats' parts per part (no domain of their own)
