@@ -149,3 +149,137 @@ def test_column_sums_in_row_kernel_dynamic_rows(monkeypatch):
         with torch.no_grad():
             for a, r in zip(compiled(x, w), fn(x, w)):
                 torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+
+
+class MLP(torch.nn.Module):
+    """Linear -> GELU -> Linear: the first Linear's bias gradient sums GELU's backward,
+    computed in the epilogue of the matmul before it, over a reshape ([B, T, H] as [B*T, H])."""
+
+    def __init__(self, d: int, h: int, approximate: str):
+        super().__init__()
+        self.a, self.b, self.approximate = torch.nn.Linear(d, h), torch.nn.Linear(h, d), approximate
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x), approximate=self.approximate))
+
+
+@pytest.mark.parametrize("nt,approximate,shape,h", [
+    (1, "none", (2, 16, 64), 256),
+    (2, "tanh", (2, 16, 64), 256),
+    (2, "none", (4, 100, 32), 128),  # 400 rows >= 64 x 2: the column kernel splits rows
+    (1, "tanh", (3, 7, 48), 96),  # 21 rows: a run of 16 and one of 5
+    (2, "none", (300, 64), 64),  # 2-D: the sum reads the epilogue's own shape
+], ids=str)
+def test_gelu_backward_sums_bias_gradient_in_matmul_epilogue(nt, approximate, shape, h, threads,
+                                                               monkeypatch):
+    threads(nt)
+    torch.manual_seed(0)
+    model = MLP(shape[-1], h, approximate)
+    x, g = rand(*shape), rand(*shape)
+    ref = copy.deepcopy(model)
+    (ref(x) * g).sum().backward()
+    unfused, graphs_u = _train(model, x, g, False, monkeypatch)
+    fused, graphs_f = _train(model, x, g, True, monkeypatch)
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(fused[n], unfused[n], rtol=0, atol=0, msg=n)
+        torch.testing.assert_close(fused[n], p.grad, msg=n, **_tol(torch.float32, p.grad))
+    (gu,), (gf,) = graphs_u, graphs_f
+    assert len(gf.plan.tiles) == len(gu.plan.tiles) - 1, (gu.plan.tiles, gf.plan.tiles)
+    epilogue = [t for t in gf.plan.tiles if any(op.op == "matmul" for op in t.ops)
+                and any(column_sum(op, gf.plan.graph) for op in t.ops)]
+    assert len(epilogue) == 1 and any(op.op in ("erf", "tanh") for op in epilogue[0].ops)
+    assert all(v["native"] for v in gf.compiled.kernel_native.values())
+    (decision,) = [d for d in gf.plan.decisions if d.fused and "matmul epilogue summing" in d.reason]
+    assert decision.roi.roi_score >= 1.0 and "column partials" in decision.reason
+
+
+def _pointwise_sums(x, w):
+    """An elementwise value [B, T, C] stored, and its columns summed through a reshape."""
+    h = torch.tanh(x * w)
+    return h, h.reshape(-1, h.shape[-1]).sum(0), (h * x).view(-1, h.shape[-1]).sum(0).to(
+        torch.bfloat16)
+
+
+def _cat_sums(q, k, v):
+    """GPT-2's fused QKV projection backward: the gradients' cat, its bias gradient summed
+    over a reshape of it."""
+    c = torch.cat([q * 2.0, k, v], -1)
+    return c, c.view(-1, c.shape[-1]).sum(0)
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("case", ["pointwise", "cat"])
+def test_pointwise_kernel_sums_columns_of_a_reshape(nt, case, threads, monkeypatch):
+    """A column sum over a reshape of a pointwise kernel's values (which a column kernel,
+    iterating the sum's input shape, cannot hold) is computed over that kernel's rows:
+    one kernel, the unfused sums' bits."""
+    threads(nt)
+    if case == "pointwise":
+        fn, args = _pointwise_sums, (rand(3, 50, 96), rand(96))
+    else:
+        fn, args = _cat_sums, tuple(rand(4, 40, 32) for _ in range(3))
+    ref = fn(*args)
+    unfused, graphs_u = _forward(fn, args, False, monkeypatch)
+    fused, graphs = _forward(fn, args, True, monkeypatch)
+    for a, b, r in zip(fused, unfused, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, r, **_tol(r.dtype, r.float()))
+    (g,), (gu,) = graphs, graphs_u
+    assert len(g.plan.tiles) == 1 < len(gu.plan.tiles), [t.name for t in g.plan.tiles]
+    assert all(v["native"] for v in g.compiled.kernel_native.values())
+    assert any(d.fused and "pointwise kernel summing" in d.reason for d in g.plan.decisions)
+
+
+def test_matmul_epilogue_sums_only_what_it_computes(monkeypatch):
+    """A column sum of a matmul's input (a sibling reading the same value) or of its bare
+    product stays a column-sum kernel: the epilogue pass would only read it again; and a
+    sum over a reshape of columns not a multiple of 16 stays apart. The plan says why."""
+    def sibling(x, w, y):
+        return (x @ w) * y, x.sum(0)
+
+    x, w, y = rand(64, 64), rand(64, 64), rand(64, 64)
+    out, graphs = _forward(sibling, (x, w, y), True, monkeypatch)
+    for a, r in zip(out, sibling(x, w, y)):
+        torch.testing.assert_close(a, r)
+    assert len(graphs[0].plan.tiles) == 2
+    assert any("reads from memory" in d.reason for d in graphs[0].plan.decisions)
+
+    def bare(x, w):
+        return (x @ w).sum(0)
+
+    _, graphs = _forward(bare, (x, w), True, monkeypatch)
+    assert len(graphs[0].plan.tiles) == 2
+    assert any("only epilogue is a column sum" in d.reason for d in graphs[0].plan.decisions)
+
+    def narrow(x):
+        h = x * 3.0
+        return h, h.view(-1, 40).sum(0)
+
+    x = rand(4, 30, 40)
+    out, graphs = _forward(narrow, (x,), True, monkeypatch)
+    torch.testing.assert_close(out[1], narrow(x)[1], rtol=1e-4, atol=1e-4)
+    assert len(graphs[0].plan.tiles) == 2
+    assert any("multiple of 16" in d.reason for d in graphs[0].plan.decisions)
+
+
+def test_pointwise_kernel_sums_columns_dynamic_rows(monkeypatch):
+    """Rows from size symbols (batch and sequence), constant columns: one kernel, one
+    compile, the runs computed per call."""
+    monkeypatch.setattr(planner, "ROW_COLUMN_SUMS", True)
+    torch._dynamo.reset()
+
+    def fn(x, w):
+        h = torch.tanh(x * w)
+        return h, h.reshape(-1, h.shape[-1]).sum(0)
+
+    compiled = torch.compile(fn, backend="pypto", options={"target": "cpu", "fallback": "error"})
+    w = rand(64)
+    with torch.no_grad(), collect() as graphs:
+        for b, t in ((2, 33), (3, 130), (4, 7)):
+            x = rand(b, t, 64)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 1)
+            for a, r in zip(compiled(x, w), fn(x, w)):
+                torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+    (g,) = graphs
+    assert len(g.plan.tiles) == 1

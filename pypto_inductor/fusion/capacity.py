@@ -84,7 +84,8 @@ def op_domain(op: TileOp, graph: TileGraph) -> Domain:
 
 def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
     """The domain a group iterates: its matmul's or reduction's; a row reduction's when the
-    group also sums columns over those rows (row_column_sums)."""
+    group also sums columns over those rows (row_column_sums); a pointwise one when it sums
+    columns over the rows of elementwise values of another shape (rows_of_sums)."""
     first = None
     for op in ops:
         if op.kind is OpKind.MATMUL:
@@ -94,7 +95,45 @@ def group_domain(ops: list[TileOp], graph: TileGraph) -> Domain:
             if dom.kind == "row":
                 return dom
             first = first or dom
-    return first or op_domain(ops[0], graph)
+    if first is None:
+        return op_domain(ops[0], graph)
+    return rows_of_sums(ops, first, graph) or first
+
+
+def rows_of_sums(ops: list[TileOp], red: Domain, graph: TileGraph) -> Domain | None:
+    """The pointwise domain of a group whose reductions are column sums over a reshape of
+    its elementwise values (GELU's backward [B, T, H] summed as [B*T, H] over dim 0: the
+    bias gradient): a column kernel over the sum's input (``red``) cannot hold values of
+    another shape, so the sums are computed over the pointwise kernel's rows instead
+    (row_column_sums). None when every value has the sum's shape: a column kernel."""
+    if not red.column_sum or any(op.kind is OpKind.REDUCTION and not column_sum(op, graph)
+                                 for op in ops):
+        return None
+    for op in ops:
+        if op.kind is not OpKind.REDUCTION and op.out.shape != red.shape and op.out.shape \
+                and sympy.expand(op.out.numel - red.numel) == 0 \
+                and sympy.expand(op.out.shape[-1] - red.shape[-1]) == 0:
+            return Domain("pointwise", op.out.numel, sympy.Integer(1), op.out.shape)
+    return None
+
+
+def kernel_rows(dom: Domain) -> tuple | None:
+    """(rows, columns) of a kernel iterating rows of C columns: a row reduction over one last
+    dim; a pointwise kernel or a matmul's epilogue over its last dim. None otherwise."""
+    if dom.kind == "row":
+        return (dom.numel, dom.rnumel) if len(dom.reduce_axes) == 1 else None
+    if dom.kind in ("pointwise", "matmul") and dom.shape:
+        return dom.numel / dom.shape[-1], dom.shape[-1]
+    return None
+
+
+def sums_over_rows(ops: list[TileOp], graph: TileGraph) -> list[TileOp]:
+    """The column sums a kernel of ``ops`` computes over its rows (row_column_sums): none
+    unless its domain is a row reduction's, a pointwise kernel's or a matmul's."""
+    sums = [op for op in ops if op.kind is OpKind.REDUCTION and column_sum(op, graph)]
+    if not sums or group_domain(ops, graph).kind == "reduce":
+        return []
+    return sums
 
 
 def column_sum(op: TileOp, graph: TileGraph) -> bool:
@@ -106,21 +145,24 @@ def column_sum(op: TileOp, graph: TileGraph) -> bool:
     return len(shape) >= 2 and tuple(op.attrs.get("dims", ())) == tuple(range(len(shape) - 1))
 
 
-def row_column_sums(row: Domain, red: Domain) -> str | None:
-    """None when a row kernel (``row``) can also compute the column sum ``red`` over its
-    rows in the same pass, else the reason. The row kernel reduces one last dim of C
-    columns; the sum reads its rows x C values in the same order. C is a constant multiple
-    of 16: the column-sum kernel (emit_columns) splits columns in blocks of 1024 or of a
-    multiple of 16, and vectorises a block under 8 columns over the rows, in another
-    order; the fused sums add rows exactly as it does."""
+def row_column_sums(kernel: Domain, red: Domain) -> str | None:
+    """None when a kernel iterating rows of C columns (``kernel``: a row reduction, a
+    pointwise kernel, a matmul's epilogue; kernel_rows) can also compute the column sum
+    ``red`` over its rows in the same pass, else the reason. The sum reads rows x C values
+    in the kernel's order. C is a constant multiple of 16: the column-sum kernel
+    (emit_columns) splits columns in blocks of 1024 or of a multiple of 16, and vectorises
+    a block under 8 columns over the rows, in another order; the fused sums add rows
+    exactly as it does."""
     if not red.column_sum:
         return "only a float sum over every dim but the last joins a row kernel"
-    if len(row.reduce_axes) != 1:
+    rows = kernel_rows(kernel)
+    if rows is None:
         return "a row kernel reducing several dims does not sum columns"
     cols = red.shape[-1]
-    if sympy.expand(cols - row.rnumel) != 0 \
-            or sympy.expand(red.numel - row.numel * row.rnumel) != 0:
-        return f"the column sum's rows are not the row kernel's ({_fmt(red)} vs {_fmt(row)})"
+    if sympy.expand(cols - rows[1]) != 0 \
+            or sympy.expand(red.numel - rows[0] * rows[1]) != 0:
+        return (f"the column sum's rows are not the {kernel.kind} kernel's "
+                f"({_fmt(red)} vs {_fmt(kernel)})")
     if not sympy.sympify(cols).is_Integer or int(cols) < 16 or int(cols) % 16:
         return f"a column sum over {cols} columns (not a constant multiple of 16)"
     return None
@@ -154,11 +196,16 @@ def pointwise_outputs(ops: list[TileOp]) -> set[tuple]:
 def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set,
                        column_sums: bool = False) -> str | None:
     """None when two groups may share one iteration domain, else the reason.
-    ``column_sums``: a row kernel may also sum columns over its rows (row_column_sums)."""
+    ``column_sums``: a kernel iterating rows (a row reduction, a pointwise kernel over a
+    reshape of the sum's input, a matmul's epilogue) may also sum columns over its rows
+    (row_column_sums)."""
     if a.matmul and b.matmul:
         return "two matmuls never share a kernel"
     if a.matmul or b.matmul:
         mm, other, other_pw = (a, b, pw_b) if a.matmul else (b, a, pw_a)
+        if column_sums and other.kind == "reduce" and other.column_sum:
+            return _sums_join(mm, other, other_pw, "a matmul epilogue must have the matmul's "
+                                                   "output size")
         if other.kind in ("row", "reduce"):
             return "a matmul epilogue must be elementwise (the other side reduces)"
         if any(n != mm.numel for n, _ in other_pw):
@@ -166,13 +213,7 @@ def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set,
         return None
     if column_sums and {a.kind, b.kind} == {"row", "reduce"}:
         row, red, red_pw = (a, b, pw_b) if a.kind == "row" else (b, a, pw_a)
-        why = row_column_sums(row, red)
-        # the sum's result and its casts (stored by the row kernel after the last row:
-        # planner.column_sums_read) have the sum's shape
-        red_pw = {(n, shape) for n, shape in red_pw if shape not in red.reduced_shapes()}
-        if why is None and not all(row.admits(n, shape) for n, shape in red_pw):
-            why = f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})"
-        return why
+        return _sums_join(row, red, red_pw, f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})")
     if a.kind in ("row", "reduce") and b.kind in ("row", "reduce"):
         same = (a.kind == b.kind and a.numel == b.numel and a.rnumel == b.rnumel
                 and (a.kind == "row" or (a.shape, a.reduce_axes) == (b.shape, b.reduce_axes)))
@@ -180,7 +221,24 @@ def domains_compatible(a: Domain, b: Domain, pw_a: set, pw_b: set,
     dom, other_pw = (a, pw_b) if a.kind != "pointwise" or b.kind == "pointwise" else (b, pw_a)
     if all(dom.admits(n, shape) for n, shape in other_pw):
         return None
+    if column_sums and {a.kind, b.kind} == {"pointwise", "reduce"}:
+        # a column kernel cannot hold the pointwise values (another shape): the pointwise
+        # kernel sums the columns over its rows (rows_of_sums)
+        pw, red, red_pw = (a, b, pw_b) if a.kind == "pointwise" else (b, a, pw_a)
+        return _sums_join(pw, red, red_pw, f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})")
     return f"iteration domains differ ({_fmt(a)} vs {_fmt(b)})"
+
+
+def _sums_join(kernel: Domain, red: Domain, red_pw: set, differ: str) -> str | None:
+    """None when the column-sum group ``red`` (pointwise outputs ``red_pw``) may join the
+    kernel iterating rows ``kernel``, else the reason."""
+    why = row_column_sums(kernel, red)
+    # the sum's result and its casts (stored by the kernel after its last row:
+    # planner.column_sums_read) have the sum's shape
+    red_pw = {(n, shape) for n, shape in red_pw if shape not in red.reduced_shapes()}
+    if why is None and not all(kernel.admits(n, shape) for n, shape in red_pw):
+        why = differ
+    return why
 
 
 def _fmt(d: Domain) -> str:

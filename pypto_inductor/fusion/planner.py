@@ -21,10 +21,10 @@ import torch
 
 from ..config import Config
 from ..hardware import HardwareModel
-from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp
+from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp, gemm_bias_add
 from ..lowering.indexing import STANDALONE_OPS
-from .capacity import (TilePlan, cat_part_ops, column_sum, domains_compatible, group_domain,
-                       plan_tile, pointwise_outputs)
+from .capacity import (TilePlan, cat_part_ops, domains_compatible, group_domain, plan_tile,
+                       pointwise_outputs, sums_over_rows)
 from .roi import CostModel, RoiEstimate
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -35,6 +35,9 @@ CAT_PARTS = True
 # Column sums (bias / norm-weight gradients) computed by the row kernel over the same rows,
 # where the hardware model's kernels can (False: as before, for A/Bs)
 ROW_COLUMN_SUMS = True
+# ... also by a matmul's epilogue (GELU backward's bias gradient) and by a pointwise kernel
+# over a reshape of the sums' input (False: by row kernels only, as before, for A/Bs)
+KERNEL_COLUMN_SUMS = True
 
 
 @dataclasses.dataclass
@@ -332,12 +335,10 @@ class Planner:
         return None, roi
 
     def row_column_sums(self, ops: list[TileOp]) -> list[TileOp]:
-        """The column sums a row kernel of these ops computes over its rows (capacity.
-        row_column_sums): none unless the group's domain is a row reduction."""
-        if not self.column_sums or not any(op.kind is OpKind.REDUCTION for op in ops) \
-                or group_domain(ops, self.graph).kind != "row":
-            return []
-        return [op for op in ops if op.kind is OpKind.REDUCTION and column_sum(op, self.graph)]
+        """The column sums a kernel of these ops computes over its rows (capacity.
+        row_column_sums): none unless the group's domain is a row reduction's, a pointwise
+        kernel's (over a reshape of the sums' input) or a matmul's (its epilogue)."""
+        return sums_over_rows(ops, self.graph) if self.column_sums else []
 
     def column_sum_finals(self, merged: list[TileOp]) -> set[str]:
         """Views and float casts of the column sums a row kernel of ``merged`` computes
@@ -360,7 +361,13 @@ class Planner:
             return None
         final = {op.name for op in sums} | self.column_sum_finals(merged)
         dom = group_domain(merged, self.graph)
+        if dom.kind != "row" and not KERNEL_COLUMN_SUMS:
+            return (f"column sums in a {dom.kind} kernel are off "
+                    f"(fusion.planner.KERNEL_COLUMN_SUMS)")
         sizes = {self.graph.hint(dom.numel), self.graph.hint(dom.numel * dom.rnumel)}
+        cols = self.graph.hint(self.graph.specs[sums[0].args[0]].shape[-1])
+        # a pointwise kernel computes its cats' parts per part (no domain of their own)
+        parts = self.cat_parts(merged) if dom.kind == "pointwise" else set()
         for op in merged:
             if op.name in final:
                 continue
@@ -368,9 +375,32 @@ class Planner:
             if read:
                 return (f"{op.name} ({op.op}) reads the column sum {read[0]}, which a row "
                         f"kernel has only after its last row")
+            if op.name in parts:
+                continue
             if op.kind is not OpKind.REDUCTION and not op.is_view \
                     and self.graph.hint(op.out.numel) not in sizes:
                 return f"{op.name} ({op.op}) iterates neither the row kernel's rows nor elements"
+            if dom.kind != "row" and op.kind is not OpKind.REDUCTION and op.out.shape \
+                    and self.graph.hint(op.out.shape[-1]) != cols:
+                # a pointwise kernel or matmul epilogue whose columns are the sums' columns
+                return (f"{op.name} ({op.op}, last dim {self.graph.hint(op.out.shape[-1])}) "
+                        f"does not have the column sums' {cols} columns")
+        return self.epilogue_sums(merged, sums, final) if dom.kind == "matmul" else None
+
+    def epilogue_sums(self, merged: list[TileOp], sums: list[TileOp], final: set[str]) -> str | None:
+        """Column sums join a matmul's epilogue only where the epilogue is a pass anyway (an
+        elementwise op besides the GEMM's bias add) and over values it computes: a sum of a
+        tile input or of the bare product would make that pass only to read from memory
+        what the column-sum kernel reads, one kernel call for another."""
+        defined = {op.name for op in merged}
+        for op in sums:
+            if not self.computed_in(op.args[0], defined):
+                return (f"{op.name} sums {op.args[0]}, which the matmul kernel reads from "
+                        f"memory: its epilogue pass would save nothing")
+        bias = gemm_bias_add(merged, self.graph.specs, self.cost.boundary(merged)[1])
+        if not any(op.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.CAST)
+                   and op is not bias and op.name not in final for op in merged):
+            return "a matmul whose only epilogue is a column sum: its pass would save nothing"
         return None
 
     def cat_parts(self, ops: list[TileOp]) -> set[str]:
@@ -469,9 +499,12 @@ class Planner:
             reason = f"fused: roi_score {roi.roi_score:.2f} >= {threshold}"
             if extra:
                 reason += f" (with {extra} kernel(s) between them, to stay acyclic)"
-            sums = self.row_column_sums([op for g in closed for op in self.members[g]])
+            merged = [op for g in closed for op in self.members[g]]
+            sums = self.row_column_sums(merged)
             if sums:
-                reason += (f" (a row kernel summing {len(sums)} column(s) over its rows: "
+                kind = {"row": "a row kernel", "pointwise": "a pointwise kernel",
+                        "matmul": "a matmul epilogue"}[group_domain(merged, self.graph).kind]
+                reason += (f" ({kind} summing {len(sums)} column(s) over its rows: "
                            f"{self.cost.column_partial_bytes(sums)} B of column partials)")
             decisions.append(Decision(p.name, c.name, True, reason, roi))
             self.merge(closed)

@@ -25,7 +25,7 @@ import dataclasses
 from ..hardware import HardwareModel
 from ..ir import OpKind, TileGraph, TileOp, gemm_bias_add
 from ..ops import flop_weight
-from .capacity import column_sum, group_domain
+from .capacity import sums_over_rows
 
 _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
 # Rows a column sum in a row kernel adds into one fp32 partial (eager's 16-row runs,
@@ -155,7 +155,7 @@ class CostModel:
         return total
 
     def column_partial_bytes(self, sums: list[TileOp]) -> int:
-        """Bytes a row kernel writes and reads back for column sums ``sums`` over its rows:
+        """Bytes a kernel writes and reads back for column sums ``sums`` over its rows:
         an fp32 partial per column per run of COLUMN_RUN rows (codegen/cpp emit_rows)."""
         total = 0
         for op in sums:
@@ -170,11 +170,8 @@ class CostModel:
             return KernelCost(0, 0, 0, 0.0)  # a reshape between kernels is free
         inputs, outputs = self.boundary(ops)
         gm = self.input_bytes(ops, inputs) + sum(self.value_bytes[n] for n in outputs)
-        if self.hw.column_sums_in_row_kernels and any(
-                op.kind is OpKind.REDUCTION and column_sum(op, self.graph) for op in ops) \
-                and group_domain(ops, self.graph).kind == "row":
-            gm += self.column_partial_bytes([op for op in ops if op.kind is OpKind.REDUCTION
-                                             and column_sum(op, self.graph)])
+        if self.hw.column_sums_in_row_kernels:  # column sums over a kernel's rows
+            gm += self.column_partial_bytes(sums_over_rows(ops, self.graph))
         flops = sum(self.op_flops[id(op)] for op in ops)
         cube = any(op.kind is OpKind.MATMUL for op in ops)
         bias = (gemm_bias_add(ops, self.graph.specs, outputs)

@@ -83,6 +83,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
         self.copies: dict[str, str] = {}  # copy_ op -> the input it writes
         self.where_used: set[str] = set()  # gathers read where used (cpp_indexing)
+        self.row_sums = False  # a pointwise tile summing columns over its rows
 
     # --- nodes -------------------------------------------------------------------
     def node(self, kind, level, args, vdtype, shape=None, /, **attrs) -> Node:
@@ -302,6 +303,9 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         dom_ops = [op for op in tile.ops if op.name not in self.deferred
                    and op.name not in self.where_used]
         dom = group_domain(dom_ops, graph)
+        # a pointwise tile summing columns over its rows (capacity.rows_of_sums)
+        self.row_sums = dom.kind == "pointwise" and any(
+            op.kind is OpKind.REDUCTION for op in dom_ops)
         self.D = tuple(dom.shape)
         n = len(self.D)
         axes = tuple(dom.reduce_axes)
@@ -341,6 +345,12 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
                             "order (another shape, or reduced dims not leading)")
         self.column_segments()
         m = self.m if axes else self.pointwise_columns()
+        if self.row_sums:  # the rows the column sums add are the tile's rows of C columns
+            m = 1
+            for x, spec in outputs:
+                if x.kind == "colsum" and not _same(x.attrs["cols"], self.D[-1]):
+                    raise NotNative(f"a column sum over {x.attrs['cols']} columns in a "
+                                    f"pointwise tile of {self.D[-1]} columns")
         # a column reduction vectorises along its last kept dim, the others along columns
         along = range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
@@ -512,8 +522,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.group = op.group
         if op.op == "view":
             return self.lower_view(op)
-        if op.kind is OpKind.REDUCTION and self.perm is None and self.m_red == 1 \
-                and column_sum(op, self.graph):
+        if op.kind is OpKind.REDUCTION and self.perm is None \
+                and (self.m_red == 1 or self.row_sums) and column_sum(op, self.graph):
             return self.lower_column_sum(op)
         if op.op == "cast" and op.args[0] in self.env and self.env[op.args[0]].kind == "colsum":
             # a column sum's cast: the same sums, rounded by their store
@@ -556,7 +566,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         acc = torch.float32
         if x.dtype != acc:
             x = self.node("op", "col", [x], acc, self.D, op="copy", common=acc)
-        return self.node("colsum", "col", [x], acc, tuple(op.out.shape), red="sum")
+        return self.node("colsum", "col", [x], acc, tuple(op.out.shape), red="sum",
+                         cols=self.graph.specs[src].shape[-1])
 
     def common_dtype(self, op: TileOp, args) -> torch.dtype:
         """The dtype operands are converted to before the op computes (torch promotion)."""

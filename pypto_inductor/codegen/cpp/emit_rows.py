@@ -215,7 +215,8 @@ class RowEmitter:
         w(f"  const bool fast = {' && '.join(fast_checks) or 'true'};")
         if has_fast:
             w("  (void)fast;")
-        chunk = "C" if p.reduction else f"std::min<int64_t>(C, {POINTWISE_CHUNK})"
+        # column sums (a row kernel's or a pointwise one's) take whole rows
+        chunk = "C" if p.reduction or self.colsums else f"std::min<int64_t>(C, {POINTWISE_CHUNK})"
         w(f"  const int64_t CH = std::max<int64_t>({chunk}, 1);")
         nch = "1" if p.reduction else "(C + CH - 1) / CH"  # a reduction of nothing still writes
         blocked = not p.reduction and any(

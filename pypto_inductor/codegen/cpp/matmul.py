@@ -28,7 +28,8 @@ import dataclasses
 
 import torch
 
-from ...ir import FusionTile, OpKind, TensorSpec, TileGraph, gemm_bias_add
+from ...fusion.capacity import column_sum
+from ...ir import FusionTile, OpKind, TensorSpec, TileGraph, TileOp, gemm_bias_add
 from ...sizes import contiguous_strides as _contiguous
 from ...sizes import numel as _numel
 from ...sizes import same_shape as _same_shape
@@ -138,7 +139,8 @@ def plan(tile: FusionTile, graph: TileGraph):
         raise NotNative("a matmul operand is computed inside the tile")
     if mm.attrs:
         raise NotNative(f"matmul attributes {sorted(mm.attrs)} are not native")
-    compute = [op for op in epi if op.op != "view"]
+    # (column sums and their casts have a row of the domain's size, not the domain's)
+    compute = [op for op in epi if op.op != "view" and _same(op.out.numel, mm.out.numel)]
     T = tuple(compute[-1].out.shape) if compute else tuple(mm.out.shape)
     if not _same(_numel(T), mm.out.numel):
         raise NotNative("the epilogue does not have the matmul's size")
@@ -159,8 +161,15 @@ def plan(tile: FusionTile, graph: TileGraph):
             specs[name] = TensorSpec(T, _contiguous(T), graph.specs[a].dtype)
         return name
 
+    sums: set[str] = set()  # epilogue column sums (and their casts): [C] values
     for op in epi:
         S = tuple(op.out.shape)
+        if op.op == "view" and env.get(op.args[0]) in sums:  # a view of a column sum
+            env[op.name] = env[op.args[0]]
+            continue
+        if op.kind is OpKind.REDUCTION or (op.op == "cast" and env.get(op.args[0]) in sums):
+            new_ops += _column_sum(op, graph, T, env, sums, specs, full_input)
+            continue
         if op.op == "view":
             src = op.args[0]
             if not _same(op.out.numel, mm.out.numel):
@@ -239,6 +248,37 @@ def plan(tile: FusionTile, graph: TileGraph):
                      tile.capacity_bytes, OpKind.ELEMENTWISE)
     sub_graph = dataclasses.replace(graph, specs=specs)
     return mm, bias, sub, sub_graph, [(a, sources[a]) for a in used], getters
+
+
+def _column_sum(op, graph: TileGraph, T: tuple, env: dict, sums: set, specs: dict,
+                full_input) -> list:
+    """A column sum over the epilogue's rows (fusion.capacity.row_column_sums: a bias
+    gradient after GELU's backward), or a cast of one: the ops to add to the epilogue.
+    The sum reads its value, computed in the epilogue (domain T) or a tile input, through a
+    view to the shape it sums over, so the epilogue kernel adds the columns over its rows
+    (capacity.rows_of_sums) as the column-sum kernel would."""
+    if op.op == "cast":  # the same sums, rounded by their store
+        new = dataclasses.replace(op, args=(env[op.args[0]],))
+        env[op.name] = op.name
+        sums.add(op.name)
+        specs[op.name] = op.out
+        return [new]
+    if not column_sum(op, graph):
+        raise NotNative(f"epilogue op {op.op} ({op.kind.value}) is not elementwise")
+    src = op.args[0]
+    S = tuple(graph.specs[src].shape)
+    value = env[src] if src in env else full_input(src)
+    ops = []
+    if not _same_shape(S, T):
+        name = f"{op.name}@rows"
+        specs[name] = TensorSpec(S, _contiguous(S), specs[value].dtype)
+        ops.append(TileOp(name, "view", OpKind.LAYOUT, (value,), specs[name], {"shape": S}))
+        value = name
+    ops.append(dataclasses.replace(op, args=(value,)))
+    env[op.name] = op.name
+    sums.add(op.name)
+    specs[op.name] = op.out
+    return ops
 
 
 def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) -> Kernel:
