@@ -78,3 +78,35 @@ def test_small_constant_tile_has_no_openmp_region(sources):
     torch.testing.assert_close(out, _rms_norm(x, y, w), atol=2e-6, rtol=2e-6)
     rows_kernels = [s for s in sources if "for (int64_t wi = 0; wi < W; ++wi)" in s]
     assert rows_kernels and not any(PRAGMA in s for s in rows_kernels)
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 2, 128, 16), (3, 5, 70, 33)], ids=["gqa", "odd"])
+def test_column_reduction_serial_copy(shape, sources, monkeypatch):
+    """Column reductions (emit_columns) too: GQA's sum over the repeats, a float sum over a
+    middle dim; the same bits on and off at 1 and 2 threads, eager's values."""
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, generator=g) * 3 + 1
+
+    def f(x):
+        return x.sum(2) * 0.5, x.amax(2)
+
+    def run(nt):
+        torch._dynamo.reset()
+        old = torch.get_num_threads()
+        torch.set_num_threads(nt)
+        try:
+            with torch.no_grad():
+                return torch.compile(f, backend="pypto")(x)
+        finally:
+            torch.set_num_threads(old)
+    monkeypatch.setattr(emit_rows, "SERIAL_COPY", False)
+    off = {nt: run(nt) for nt in (1, 2)}
+    sources.clear()
+    monkeypatch.setattr(emit_rows, "SERIAL_COPY", True)
+    on = {nt: run(nt) for nt in (1, 2)}
+    assert sources and all(s.count("for (int64_t wi = 0;") == 2 * s.count(PRAGMA) > 0
+                           for s in sources)
+    for nt in (1, 2):
+        for k, (a, b) in enumerate(zip(on[nt], off[nt])):
+            assert torch.equal(_bits(a), _bits(b)), f"{nt} threads, result {k}"
+    torch.testing.assert_close(on[1], f(x), atol=2e-5, rtol=2e-5)

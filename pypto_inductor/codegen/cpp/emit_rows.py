@@ -289,10 +289,10 @@ class RowEmitter:
         w("}")
         return "\n".join(self.lines) + "\n"
 
-    def parallel_loop(self, start: int) -> None:
-        """Put the loop over work items (``self.lines[start:]``) under ``omp parallel for``,
-        with a serial copy for one-thread calls (SERIAL_COPY)."""
-        condition = f"nt > 1 && W > 1 && R * C >= {PARALLEL_MIN}"
+    def parallel_loop(self, start: int, count: str = "W") -> None:
+        """Put the loop over ``count`` work items (``self.lines[start:]``) under ``omp
+        parallel for``, with a serial copy for one-thread calls (SERIAL_COPY)."""
+        condition = f"nt > 1 && {count} > 1 && R * C >= {PARALLEL_MIN}"
         pragma = "  #pragma omp parallel for num_threads(nt) schedule(static)"
         loop = self.lines[start:]
         del self.lines[start:]
