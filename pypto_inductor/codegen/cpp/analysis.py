@@ -78,6 +78,10 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
         self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
+        # a column reduction's values indexed by its kept dims only (a view dropping the
+        # reduced 1s of its result, the ops over such values): see ReductionAnalysis.kept_view
+        self.kept_values: set[str] = set()
+        self.in_kept = False  # the op being lowered is one of them (align reads into kept)
         self.origin = ""  # the tile op being lowered (Node.origin)
         self.group = ""  # its ATen op call (Node.group)
         self.checks: list[IndexCheck] = []  # index inputs scanned before the loop
@@ -521,14 +525,15 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.origin = f"{op.name} ({op.op})"
         self.group = op.group
         if op.op == "view":
-            return self.lower_view(op)
+            return self.lower_kept_view(op) if self.perm is not None else self.lower_view(op)
         if op.kind is OpKind.REDUCTION and self.perm is None \
                 and (self.m_red == 1 or self.row_sums) and column_sum(op, self.graph):
             return self.lower_column_sum(op)
         if op.op == "cast" and op.args[0] in self.env and self.env[op.args[0]].kind == "colsum":
             # a column sum's cast: the same sums, rounded by their store
             return dataclasses.replace(self.env[op.args[0]], shape=tuple(op.out.shape))
-        ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION))
+        self.in_kept = self.perm is not None and self.reads_kept_values(op)
+        ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION or self.in_kept))
         if op.op == "cat":
             return self.lower_cat(op, ctx)
         lower = {"gather": self.lower_gather, "pad": self.lower_pad, "copy_": self.lower_copy_,
@@ -546,6 +551,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         args = [self.operand(a, ctx) for a in op.args]
         common = self.common_dtype(op, args)
         level = "col" if ctx[0] == "col" else "row"
+        self.in_kept = False
         return self.node("op", level, args, op.out.dtype, ctx[1], op=op.op,
                          common=common, **op.attrs)
 

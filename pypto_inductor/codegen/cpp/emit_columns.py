@@ -19,7 +19,7 @@ from __future__ import annotations
 
 # the column sums' order, shared with row kernels that also sum columns (emit_rows)
 from .column_order import ROWS_PER_BLOCK, SPLIT_MIN, SUM_BLOCK
-from .emit_rows import PARALLEL_MIN, RowEmitter
+from .emit_rows import RowEmitter
 from .ops import conv, ctype, expression, identity, load, store, sum_update
 
 # The narrow path (few kept elements) vectorises over the reduced elements, its lanes already
@@ -70,7 +70,7 @@ class ColumnEmitter(RowEmitter):
         if not splittable:
             self.work_items("W", split=False)
             self.body(outs)
-            w("  }")
+            self.end_items()
             w("}")
             return "\n".join(self.lines) + "\n"
         # pass 1 per (block, column part) into partial accumulators, then one item per
@@ -87,7 +87,7 @@ class ColumnEmitter(RowEmitter):
         self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
                         [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
                          for x in reds if self.has_nan(x)])
-        w("  }")
+        self.end_items()
         self.work_items("W", split=False)
         self.row_nodes(0)
         for x in reds:
@@ -106,7 +106,7 @@ class ColumnEmitter(RowEmitter):
             self.block_loop(lines)
         self.finish(reds, 1)
         self.outputs()
-        w("  }")
+        self.end_items()
         for x in reds:
             w(f"  std::free(part{x.id});")
             if self.has_nan(x):
@@ -114,12 +114,17 @@ class ColumnEmitter(RowEmitter):
         w("}")
         return "\n".join(self.lines) + "\n"
 
+    def end_items(self) -> None:
+        """Close the loop work_items opened, under ``omp parallel for`` (and its serial copy:
+        RowEmitter.parallel_loop)."""
+        self.w("  }")
+        self.parallel_loop(*self.items)
+
     def work_items(self, count: str, split: bool) -> None:
         """Open the parallel loop over work items: a block of NB rows along the last kept
         dim (rows r0 + j for j < nr), and with ``split`` the columns' part s of S."""
         p, w, last = self.p, self.w, self.last
-        w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
-          f"if(nt > 1 && {count} > 1 && R * C >= {PARALLEL_MIN})")
+        self.items = (len(self.lines), count)  # closed by end_items
         w(f"  for (int64_t wi = 0; wi < {count}; ++wi) {{")
         if split:
             w("    const int64_t s = wi % S, wb = wi / S;")

@@ -81,6 +81,13 @@ STATIC_BOUNDS = True
 # ... and unroll the vector_lanes loop of rows up to UNROLL_TRIPS x its lanes columns (the
 # body is n copies of the summed value's column code: a long row's would bloat the kernel)
 UNROLL_TRIPS = 8
+# A call on one thread runs a copy of the loop over work items outside the OpenMP region:
+# under `omp parallel for ... if(...)` even a one-thread call goes through GOMP_parallel and
+# the loop is an outlined function reading every size, stride and pointer through the
+# shared struct (RMSNorm's training forward, 512 x 64, one thread: 7.2 -> 6.2 us a call;
+# docs/benchmarks.md, k16t). A tile whose rows x columns are a constant under
+# PARALLEL_MIN has only the serial loop (no second copy to compile).
+SERIAL_COPY = True
 
 
 class RowEmitter:
@@ -227,8 +234,7 @@ class RowEmitter:
         else:
             w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
         self.stage_call()
-        w(f"  #pragma omp parallel for num_threads(nt) schedule(static) "
-          f"if(nt > 1 && W > 1 && R * C >= {PARALLEL_MIN})")
+        loop_start = len(self.lines)
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
         if self.colsums:
             w("    int64_t s = 0; while (wi >= CSF[s + 1]) ++s;")
@@ -278,10 +284,27 @@ class RowEmitter:
         if blocked or self.colsums:
             w("   }")
         w("  }")
+        self.parallel_loop(loop_start)
         if self.colsums:
             self.column_sum_totals()
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    def parallel_loop(self, start: int, count: str = "W") -> None:
+        """Put the loop over ``count`` work items (``self.lines[start:]``) under ``omp
+        parallel for``, with a serial copy for one-thread calls (SERIAL_COPY)."""
+        condition = f"nt > 1 && {count} > 1 && R * C >= {PARALLEL_MIN}"
+        pragma = "  #pragma omp parallel for num_threads(nt) schedule(static)"
+        loop = self.lines[start:]
+        del self.lines[start:]
+        if not SERIAL_COPY:
+            self.lines += [f"{pragma} if({condition})", *loop]
+            return
+        elements = sympy.Mul(*self.p.shape)
+        if elements.is_Integer and int(elements) < PARALLEL_MIN:
+            self.lines += loop
+            return
+        self.lines += [f"  if ({condition}) {{", pragma, *loop, "  } else {", *loop, "  }"]
 
     @property
     def static(self) -> bool:

@@ -9,6 +9,8 @@ elements, and :mod:`.emit_columns` writes the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 import torch
 
@@ -76,9 +78,9 @@ class ReductionAnalysis:
         if n - 1 in axes:
             raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
                             "only the innermost ones")
-        if any(op.op in ("view", "cat", "full", "gather", "pad", "arange") for op in tile.ops):
-            raise NotNative("a column reduction with views, cats, gathers, pads or aranges "
-                            "inside is not native yet")
+        if any(op.op in ("cat", "full", "gather", "pad", "arange") for op in tile.ops):
+            raise NotNative("a column reduction with cats, gathers, pads or aranges inside "
+                            "is not native yet")
         self.D0, self.axes = self.D, axes
         self.kept = tuple(d for d in range(n) if d not in axes)
         self.perm = self.kept + axes
@@ -106,6 +108,11 @@ class ReductionAnalysis:
             return out
 
         full, kept = into(tuple(range(n))), into(self.kept)
+        if self.in_kept:  # an op over kept values: its operands broadcast into the kept dims
+            if kept is None:
+                raise NotNative(f"a value of shape {list(shape)} does not fit the kept dims "
+                                f"of {list(self.D0)}")
+            return kept
 
         def reads(m):  # where the non-1 dims land
             return {d: i for d, i in enumerate(m) if i is not None and not _same(shape[i], 1)}
@@ -117,6 +124,38 @@ class ReductionAnalysis:
             raise NotNative(f"a value of shape {list(shape)} does not fit the tile domain "
                             f"{list(self.D0)}")
         return full if full is not None else kept
+
+    def lower_kept_view(self, op: TileOp) -> Node:
+        """A view inside a column reduction: only of a computed value, adding or removing
+        1s so that its elements sit at the same dims of the domain (the permuted shapes
+        agree). A view dropping the reduced 1s of a keepdim result (GQA's repeat_kv
+        backward: sum over the repeats, squeezed) is indexed by the kept dims, as a
+        reduction without keepdim: the ops over it are too (``kept_values``), whatever
+        the domain's sizes (its shape may also fit the domain's trailing dims)."""
+        src, shape = op.args[0], tuple(op.out.shape)
+        if not isinstance(src, str) or src not in self.env:
+            raise NotNative("a view of a tile input inside a column reduction is not "
+                            "native yet")
+        v = self.env[src]
+        for kept in ((True, False) if len(shape) == len(self.kept) else (False,)):
+            try:
+                tshape = self.tshape(shape, kept)
+            except NotNative:
+                continue
+            if len(tshape) == len(v.shape) and all(map(_same, tshape, v.shape)):
+                if kept:
+                    self.kept_values.add(op.name)
+                return dataclasses.replace(v, shape=tshape)
+        raise NotNative(f"a view of {list(self.graph.specs[src].shape)} to {list(shape)} "
+                        "inside a column reduction moves its elements between dims")
+
+    def reads_kept_values(self, op: TileOp) -> bool:
+        """Whether ``op`` computes over kept values (see lower_kept_view): then it is one."""
+        if any(isinstance(a, str) and a in self.kept_values for a in op.args) \
+                and len(op.out.shape) == len(self.kept):
+            self.kept_values.add(op.name)
+            return True
+        return False
 
     def tshape(self, shape, reduced: bool = False) -> tuple:
         """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
