@@ -266,11 +266,10 @@ reference executor, not as generated C++; results are eager's own):
 - `a reshape inside the tile changes its last dim ([2, 16] vs columns of 32)`: one small
   tile per causal-LM forward over the [batch, seq] = [2, 16] inputs (mask / position
   preparation), reshaped across the tile's last dim, which the row emitter only splits.
-- `a column reduction with views, cats, gathers, pads or aranges inside`: in the backward of
-  LLaMA, Qwen2 and Mistral (attention with GQA and rotary embeddings), a gradient summed
-  over leading dims through a view or cat, which the column emitter does not take yet.
 
-Writes at data-dependent positions no longer run there: embedding backward's
+Gradients summed over leading dims through a view no longer run there (LLaMA, Qwen2 and
+Mistral's GQA `repeat_kv` backward into RoPE's: a view of a computed value that only adds
+or removes 1s is native inside a column reduction). Nor do writes at data-dependent positions: embedding backward's
 `index_put(accumulate=True)` is a native loop (codegen/cpp/index_put.py) and cross-entropy's
 backward scatter an elementwise `where`.
 
