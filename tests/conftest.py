@@ -122,3 +122,11 @@ def sources(monkeypatch):
 
     monkeypatch.setattr(cpp, "build_many", spy)
     return out
+
+
+@pytest.fixture
+def threads():
+    """``threads(n)`` sets torch's thread count for the test; restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

@@ -28,13 +28,6 @@ class Block(torch.nn.Module):
         return self.b(self.norm(self.a(x) + x))
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _train(model, x, g, fused: bool, monkeypatch):
     monkeypatch.setattr(planner, "ROW_COLUMN_SUMS", fused)
     torch._dynamo.reset()

@@ -694,9 +694,9 @@ def test_max_indices_take_the_first_of_ties(dynamic, dtype):
                 assert torch.equal(got, want), (shape, d, nan)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nthreads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_half_softmax_sums_in_eager_order(dtype, threads):
+def test_half_softmax_sums_in_eager_order(dtype, nthreads, threads):
     """float16/bfloat16 softmax over the last dim: eager's kernel for those types adds the
     exps of whole vectors of 16 into lanes, sums the lanes as a halving tree, then adds the
     last C mod 16 exps in order, and multiplies by the reciprocal; ours was the blocked
@@ -704,40 +704,32 @@ def test_half_softmax_sums_in_eager_order(dtype, threads):
     rows). Small-integer inputs: every exp is the same float in eager and here."""
     fn = lambda x: torch.softmax(x, -1)  # noqa: E731
     g = torch.Generator().manual_seed(5)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for shape in ((256, 77), (64, 2049), (100, 7), (33, 512)):
-            compiled = _compile(fn, "cpu")
-            x = torch.randint(0, 4, shape, generator=g).to(dtype)
-            torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0, msg=str(shape))
-    finally:
-        torch.set_num_threads(old)
+    threads(nthreads)
+    for shape in ((256, 77), (64, 2049), (100, 7), (33, 512)):
+        compiled = _compile(fn, "cpu")
+        x = torch.randint(0, 4, shape, generator=g).to(dtype)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0, msg=str(shape))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nthreads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_half_log_softmax_rounds_as_eager(dtype, threads):
+def test_half_log_softmax_rounds_as_eager(dtype, nthreads, threads):
     """Seeds 33757, 20230: a float16/bfloat16 log_softmax over the last dim was the float
     formula rounded once (74-94% of elements eager's bits); eager's kernel keeps the row's
     sum and its log in the half type (scalar_t arrays), so both are rounded before
     x - max - log(sum). The same bits as eager's now."""
     fn = lambda x: torch.log_softmax(x, -1)  # noqa: E731
     g = torch.Generator().manual_seed(4)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for shape in ((512, 128), (256, 77), (100, 7), (3, 2049)):
-            compiled = _compile(fn, "cpu")
-            x = (torch.randn(shape, generator=g) * 3).to(dtype)
-            torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0, msg=str(shape))
-    finally:
-        torch.set_num_threads(old)
+    threads(nthreads)
+    for shape in ((512, 128), (256, 77), (100, 7), (3, 2049)):
+        compiled = _compile(fn, "cpu")
+        x = (torch.randn(shape, generator=g) * 3).to(dtype)
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0, msg=str(shape))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nthreads", [1, 2])
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_column_softmax_sums_in_eager_order(dynamic, threads):
+def test_column_softmax_sums_in_eager_order(dynamic, nthreads, threads):
     """softmax / log_softmax over dim 0 (not the dim contiguous in memory): eager's kernel
     (_vec_softmax / _vec_logsoftmax) adds exp(x - max) per column in one fp32 sum in row
     order and divides; ours added runs of 16 rows totalled in double (0-28% of elements
@@ -746,16 +738,12 @@ def test_column_softmax_sums_in_eager_order(dynamic, threads):
     here: only the order of the sums decides."""
     fn = lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 0))  # noqa: E731
     g = torch.Generator().manual_seed(3)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for shape in ((300, 64), (1000, 67), (2000, 5), (7, 3), (130, 40, 3)):
-            compiled = _compile(fn, "cpu", dynamic=dynamic)
-            x = torch.randint(0, 4, shape, generator=g).float()
-            for got, want in zip(compiled(x), fn(x)):
-                torch.testing.assert_close(got, want, rtol=0, atol=0, msg=str(shape))
-    finally:
-        torch.set_num_threads(old)
+    threads(nthreads)
+    for shape in ((300, 64), (1000, 67), (2000, 5), (7, 3), (130, 40, 3)):
+        compiled = _compile(fn, "cpu", dynamic=dynamic)
+        x = torch.randint(0, 4, shape, generator=g).float()
+        for got, want in zip(compiled(x), fn(x)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=str(shape))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
