@@ -26,16 +26,20 @@ from .program import Program
 
 
 def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None = None,
-                   status: bool = False) -> str:
+                   status: bool = False, status_returned: bool = False) -> str:
     """The Python wrapper of a native kernel with n_in inputs and n_out outputs, written
     out straight: no loops or comprehensions on the per-call path (each of those costs a
     frame in CPython 3.11, and most of a small kernel's budget is the wrapper). It calls
     the kernel through the extension (:mod:`.native_call`), or through ctypes with a
     pointer array kept per kernel (one per call in flight) and filled in place (cheaper
-    than building one per call: docs/runtime_overhead.md)."""
+    than building one per call: docs/runtime_overhead.md). ``status``: the kernel scans
+    indices and reports the first bad one in a status, ``status_returned``: as the
+    extension's return value (:data:`STATUS_RETURN`), else in a tensor the wrapper makes."""
     writes = writes or {}  # copy_ outputs (indexing.DirectWrite): the input they write
     ins = [f"i{j}" for j in range(n_in)]
-    outs = [f"o{j}" for j in range(n_out)] + (["status"] if status else [])
+    status_returned = status and status_returned and extension
+    outs = [f"o{j}" for j in range(n_out)] + (["status"] if status and not status_returned
+                                              else [])
     key = ", ".join(["syms", *(f"{i}.stride()" for i in ins)])
     lines = ["def kernel(inputs, syms, empty=empty):",
              f"    {', '.join(ins)}{',' if n_in == 1 else ''} = inputs" if ins else "    pass",
@@ -49,7 +53,11 @@ def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None =
                          f"empty(meta[{2 + j}], dt{j})")
         else:
             lines.append(f"    {o} = empty(meta[{2 + j}], dt{j})")
-    if extension:
+    if status_returned:
+        lines += [f"    code = call_status(address, ({''.join(f'{t}, ' for t in ins + outs)}), "
+                  "meta[0], meta[1], threads())",
+                  "    if code:", "        raise_index_error(code)"]
+    elif extension:
         lines.append(f"    call(address, ({''.join(f'{t}, ' for t in ins + outs)}), meta[0], "
                      "meta[1], threads())")
     else:
@@ -57,7 +65,7 @@ def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None =
                   *(f"    ptrs[{j}] = {t}.data_ptr()" for j, t in enumerate(ins + outs)),
                   "    fn(ptrs, meta[0], meta[1], threads())",
                   "    spare.append(ptrs)"]
-    if status:  # an index out of range: the kernel stopped before reading through it
+    if status and not status_returned:  # an index out of range: the kernel stopped
         lines += ["    if status[0]:", "        raise_index_error(int(status[0]))"]
     results = list(outs[:n_out])
     for j, wr in writes.items():
@@ -69,6 +77,11 @@ def wrapper_source(n_in: int, n_out: int, extension: bool, writes: dict | None =
 
 
 ARRAY_META = True  # the benchmark's "before" turns it off: ctypes arrays for the extension too
+# An index-scanning kernel's status (indexing.index_prologue) as the extension call's return
+# value (native_call's call_status: an int64 on the call's stack) rather than a one-element
+# tensor allocated per call and read with .item() (two of them on the success path): a
+# gather kernel such as an embedding's then costs what any kernel costs. Off: the tensor.
+STATUS_RETURN = True
 assert array.array("q").itemsize == 8
 
 
@@ -91,6 +104,7 @@ def native_kernel(fn, program: Program) -> Kernel:
 
     Ptrs = ctypes.c_void_p * max(n_in + len(shapes), 1)
     call = native_call.extension_call()
+    call_status = native_call.extension_call_status() if checks and STATUS_RETURN else None
     if call is not None and ARRAY_META:
         # the extension takes the arrays' addresses: array.array's, made in well under a
         # microsecond where a ctypes array of 48 values takes 15 (a layout miss: each new
@@ -124,11 +138,11 @@ def native_kernel(fn, program: Program) -> Kernel:
     scope = {"layouts": layouts, "layout": layout, "spare": [], "Ptrs": Ptrs, "fn": fn,
              "call": call, "address": ctypes.cast(fn, ctypes.c_void_p).value,
              "threads": torch.get_num_threads, "empty": alloc.empty,
-             "raise_index_error": raise_index_error,
+             "raise_index_error": raise_index_error, "call_status": call_status,
              **{f"dt{j}": dt for j, dt in enumerate(dtypes)}}
     # our own template, no user text
-    exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks)),  # noqa: S102
-         scope)
+    exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks),  # noqa: S102
+                        call_status is not None), scope)
     launch = None
     if call is not None and not program.writes:
         # the graph code's entries, under its own keys (Launch.source): they do not hold
@@ -137,7 +151,7 @@ def native_kernel(fn, program: Program) -> Kernel:
         launch = Launch(inline, functools.partial(layout, into=inline), call, scope["address"],
                         tuple(dtypes), alloc.empty,
                         tuple(tuple(spec.shape) for _, spec in program.outputs),
-                        raise_index_error if checks else None)
+                        raise_index_error if checks else None, call_status)
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
     return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program,
                   launch=launch)
@@ -159,6 +173,9 @@ class Launch:
     # raise_index_error(code) when the kernel scans indices (its last buffer is the status,
     # nonzero when an index was out of range: the kernel stopped before reading through it)
     index_error: Callable | None = None
+    # native_call's call_status: the status is the call's return value, no tensor
+    # (STATUS_RETURN); None: the status is the kernel's last tensor
+    call_status: Callable | None = None
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
                reuse: dict[int, str] | None = None, known: list[bool] | None = None,
@@ -185,8 +202,11 @@ class Launch:
             key = "(" + ", ".join(["syms", *("None" if kn else f"{i}.stride()"
                                              for i, kn in zip(ins, known))]) + ",)"
         tmp = [o if o != "_" else f"{k}_out{j}" for j, o in enumerate(outs)]
-        check = []
-        if self.index_error is not None:
+        check, call = [], "native_call("
+        if self.index_error is not None and self.call_status is not None:
+            call = "status = native_call_status("
+            check = ["    if status:", f"        {k}_index_error(status)"]
+        elif self.index_error is not None:
             tmp.append(f"{k}_status")
             if alloc.empty_strided_cpu is not None:  # dropped after the call: never pooled
                 direct[len(outs)] = ((1,), (1,))
@@ -203,7 +223,7 @@ class Launch:
                   f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
                   if j in direct else
                   f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
-                f"    native_call({k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
+                f"    {call}{k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
                 f"meta[0], syms, nthreads{'' if offsets is None else ', ' + offsets})",
                 *check,
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
@@ -212,4 +232,5 @@ class Launch:
     def bindings(self, k: str) -> dict:
         return {f"{k}_layouts": self.layouts, f"{k}_layout": self.layout,
                 f"{k}_address": self.address, f"{k}_index_error": self.index_error,
+                **({"native_call_status": self.call_status} if self.call_status else {}),
                 **{f"{k}_dt{j}": dt for j, dt in enumerate(self.dtypes)}}

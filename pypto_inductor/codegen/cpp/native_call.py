@@ -8,7 +8,9 @@ their values: then a layout entry does not depend on symbols the kernel's shapes
 not hold), reads each data pointer with the function torch exports for
 Inductor's own kernel bindings
 (``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``, no torch
-headers needed) and runs the kernel with the GIL released. It is built once per
+headers needed) and runs the kernel with the GIL released. ``call_status`` does the
+same for a kernel scanning indices: it gives the kernel a status of its own and
+returns it (nonzero: which index check failed). It is built once per
 machine into the kernel cache (well under a second). Without Python's
 headers, a compiler, or that torch function, kernels are called through ctypes.
 """
@@ -34,21 +36,27 @@ static const Py_ssize_t PI_MAX_TENSORS = 256;
 static const Py_ssize_t PI_MAX_SYMS = 64;
 
 // call(fn, tensors, meta, syms, nt[, offsets]): fn(data pointers of tensors, meta, syms, nt);
-// syms is an int64 array's address or a tuple of ints; offsets (bytes) move the pointers
-static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// syms is an int64 array's address or a tuple of ints; offsets (bytes) move the pointers.
+// With status (call_status), the kernel gets one more pointer, to an int64 on this call's
+// stack (an index scan's result: indexing.index_prologue), returned as the call's value:
+// no tensor, no .item() and nothing shared between threads.
+static PyObject* pi_run(PyObject* const* args, Py_ssize_t nargs, bool status) {
   if ((nargs != 5 && nargs != 6) || !PyTuple_CheckExact(args[1]) || pi_data_ptr == nullptr) {
     PyErr_SetString(PyExc_TypeError, "call(fn, tensors: tuple, meta, syms, nt[, offsets])");
     return nullptr;
   }
   PyObject* tensors = args[1];
   const Py_ssize_t n = PyTuple_GET_SIZE(tensors);
-  // per tensor, bytes to add to its data pointer: a view passed as its base
+  // per tensor, bytes to add to its data pointer: a view passed as its base (with
+  // status, one more entry may stand for the status and is not read)
   PyObject* offsets = nargs == 6 ? args[5] : nullptr;
-  if (offsets != nullptr && (!PyTuple_CheckExact(offsets) || PyTuple_GET_SIZE(offsets) != n)) {
+  if (offsets != nullptr && (!PyTuple_CheckExact(offsets) ||
+                             (PyTuple_GET_SIZE(offsets) != n &&
+                              !(status && PyTuple_GET_SIZE(offsets) == n + 1)))) {
     PyErr_SetString(PyExc_TypeError, "offsets: a tuple of one int per tensor");
     return nullptr;
   }
-  if (n > PI_MAX_TENSORS) {
+  if (n + 1 > PI_MAX_TENSORS) {
     PyErr_SetString(PyExc_ValueError, "too many tensors for one kernel call");
     return nullptr;
   }
@@ -76,10 +84,21 @@ static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       ptrs[i] = static_cast<char*>(ptrs[i]) + PyLong_AsSsize_t(PyTuple_GET_ITEM(offsets, i));
     if (PyErr_Occurred()) return nullptr;
   }
+  int64_t code = 0;
+  if (status) ptrs[n] = &code;
   Py_BEGIN_ALLOW_THREADS
   fn(ptrs, meta, syms, nt);
   Py_END_ALLOW_THREADS
+  if (status) return PyLong_FromLongLong(code);
   Py_RETURN_NONE;
+}
+
+static PyObject* pi_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return pi_run(args, nargs, false);
+}
+
+static PyObject* pi_call_status(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return pi_run(args, nargs, true);
 }
 
 static PyObject* pi_set_data_ptr(PyObject*, PyObject* address) {
@@ -90,6 +109,8 @@ static PyObject* pi_set_data_ptr(PyObject*, PyObject* address) {
 
 static PyMethodDef pi_methods[] = {
   {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(pi_call)),
+   METH_FASTCALL, nullptr},
+  {"call_status", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(pi_call_status)),
    METH_FASTCALL, nullptr},
   {"set_data_ptr", pi_set_data_ptr, METH_O, nullptr},
   {nullptr, nullptr, 0, nullptr}};
@@ -113,6 +134,7 @@ def _build():
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     module.set_data_ptr(data_ptr)
+    state["call_status"] = module.call_status
     return module.call
 
 
@@ -124,3 +146,9 @@ def extension_call():
         except Exception:  # noqa: BLE001 - no headers, compile error, ...: ctypes then
             state["call"] = None
     return state["call"]
+
+
+def extension_call_status():
+    """The extension's ``call_status`` (``call`` that passes the kernel a status int64 of
+    its own and returns it), or None where the extension cannot be built."""
+    return state.get("call_status") if extension_call() is not None else None
