@@ -28,7 +28,8 @@ from .config import Config
 from .fusion import FusionPlan
 from .ir import ExternOp, FusionTile, TensorSpec, TileOp, ValueRef
 from .sizes import is_symbolic, numel, resolve_static, size_function
-from .codegen.graph import buffers, compile_graph, graph_source, small_outputs, static_reuse
+from .codegen.graph import buffers, compile_graph, graph_source, size_only_steps, \
+    small_outputs, static_reuse
 
 
 class KernelBuildError(RuntimeError):
@@ -105,6 +106,11 @@ class CompiledGraph:
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.pool_empty: set[str] = set()  # tiles whose outputs come from the pool
         self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
+        # kernels of the size symbols alone: kept per sizes, so never pooled (graph.memo)
+        self.memo = size_only_steps(graph, self.program, self.kernels)
+        for i in self.memo:
+            self.pool_empty.discard(self.program[i][1])
+            self.pooled.difference_update(self.program[i][4])
         self._free_after = self._liveness()
         reused: dict[int, int] = {}
         # small static outputs never go to the pool (codegen/graph/buffers.small_outputs)
@@ -115,7 +121,7 @@ class CompiledGraph:
             graph, self.program, self._free_after, probe=self._probe,
             cpu_only=self._cpu_only, pool=self.pool, profile=config.profile,
             timings=self.timings, kernels=self.kernels, pool_empty=self.pool_empty,
-            reused=reused, pool_start=sized, saved_from=saved_from)
+            reused=reused, pool_start=sized, saved_from=saved_from, memo=self.memo)
         scope = {"other_device": self._other_device, "perf_counter": time.perf_counter,
                  "getrefcount": _getrefcount, "use_count": _use_count,
                  "ALONE_REFS": _ALONE_REFS, "ALONE_USES": _ALONE_USES}

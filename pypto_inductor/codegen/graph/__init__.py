@@ -18,6 +18,7 @@ One concept per module:
 - :mod:`.layouts`: layouts known at compile time; which views may be aliases;
 - :mod:`.views`: view chains as one ``as_strided``, Linear weights' transposes;
 - :mod:`.buffers`: small outputs allocated directly, dead buffers reused;
+- :mod:`.memo`: kernels of the size symbols alone, launched once per sizes;
 - :mod:`.keys`: native kernels' layout keys;
 - :mod:`.write`: :func:`graph_source`, the loop over the steps applying all of these.
 
@@ -29,7 +30,8 @@ it is also kept on ``CompiledGraph.source``.
 from __future__ import annotations
 
 from .buffers import small_outputs, static_reuse
+from .memo import size_only_steps
 from .source import compile_graph
 from .write import graph_source
 
-__all__ = ["compile_graph", "graph_source", "small_outputs", "static_reuse"]
+__all__ = ["compile_graph", "graph_source", "size_only_steps", "small_outputs", "static_reuse"]

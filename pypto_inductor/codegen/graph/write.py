@@ -15,6 +15,7 @@ from ...sizes import is_symbolic
 from . import keys, layouts, views
 from .buffers import small_outputs, static_reuse, take_dead
 from .keys import epilogue_key, layout_key
+from .memo import memo_source
 from .layouts import fix_outputs, fix_products, fixed_view, reinterpret_source, \
     returned_views, same_spec
 from .program import graph_slots, has_refs, slot_specs
@@ -25,7 +26,8 @@ from .views import ViewChain, linear_weights, view_chains
 def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool,
                  profile: bool, timings: dict, kernels: dict, pool_empty: set,
                  reused: dict | None = None, pool_start: bool = True,
-                 saved_from: int | None = None) -> tuple[str, dict]:
+                 saved_from: int | None = None, memo: set[int] = frozenset()
+                 ) -> tuple[str, dict]:
     """(source of ``call(args)``, the objects it binds). See the module docstring.
 
     ``program``: (kind, name, fn, input slots, output slots, step) per step; slots number
@@ -33,7 +35,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     step, the slots whose last reader it is (to drop, and to give back to ``pool``).
     ``reused`` gets, per kernel output written into a dead buffer, that buffer's slot.
     ``saved_from``: a training forward's first output saved for the backward
-    (:func:`returned_views`)."""
+    (:func:`returned_views`). ``memo``: the steps computed once per size symbols
+    (:func:`.memo.size_only_steps`)."""
     code = GraphCode(graph.symbols)
     slot = dict(graph_slots(graph, program))
     names = {}  # slot -> variable name
@@ -167,7 +170,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 code.bound.setdefault("native_call", launch.call)
                 empty = ("pool_empty" if name in pool_empty
                          else code.bind("alloc", launch.empty))
-                reuse = take_dead(outs, static, dead, reused)
+                reuse = {} if i in memo else take_dead(outs, static, dead, reused)
                 if "threads" not in code.bound:  # the thread count, read once per call
                     code.bound["threads"] = torch.get_num_threads
                     out.insert(first_step, "    nthreads = threads()")
@@ -175,6 +178,7 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                     code.bound.setdefault("empty_strided", alloc.empty_strided_cpu)
                 direct = {j: small[s] for j, s in enumerate(outs)
                           if s in small and j not in reuse}
+                start = len(out)
                 offsets = [0] * (len(ins) + len(launch.dtypes))
                 for j, s in enumerate(ins):  # a pending view: its root, from its offset
                     if s in pending:
@@ -189,6 +193,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                                       for j, s in enumerate(ins) if s in fixed and keys.SHORT_KEYS},
                                      code.constant("offs", tuple(offsets)) if any(offsets)
                                      else None)
+                if i in memo:  # launched on a miss only: see .memo
+                    out[start:] = memo_source(code.bind("memo", {}), out[start:], defs)
                 known.update(s for s in outs if s is not None)
                 fix_outputs(fixed, outs, launch)
                 if reuse:
