@@ -208,8 +208,9 @@ def test_onednn_post_op_by_rows_static(epilogue, monkeypatch, onednn_calls):
 
 
 @needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("epilogue", ["gelu", "silu", "add"])
-def test_onednn_post_op_by_rows_dynamic(epilogue, monkeypatch, onednn_calls):
+def test_onednn_post_op_by_rows_dynamic(epilogue, dtype, monkeypatch, onednn_calls):
     """Dynamic rows: one compiled graph that takes oneDNN's post-op from
     ONEDNN_POST_OPS_MIN_ROWS rows on and addmm + ATen's op below (one compare per call)."""
     few_calls = []
@@ -233,12 +234,12 @@ def test_onednn_post_op_by_rows_dynamic(epilogue, monkeypatch, onednn_calls):
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="pypto", dynamic=True,
                              options={"roi_threshold": 0.01})
-    w, b = _rand(96, 64, g=g) / 8, _rand(96, g=g)
+    w, b = _rand(96, 64, dtype=dtype, g=g) / 8, _rand(96, dtype=dtype, g=g)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else _tol(dtype)
     with torch.no_grad():
         for m in (16, 2, 3, 9):
-            x, res = _rand(m, 64, g=g), _rand(m, 96, g=g)
-            torch.testing.assert_close(compiled(x, w, b, res), fn(x, w, b, res),
-                                       atol=1e-5, rtol=1e-5)
+            x, res = _rand(m, 64, dtype=dtype, g=g), _rand(m, 96, dtype=dtype, g=g)
+            torch.testing.assert_close(compiled(x, w, b, res), fn(x, w, b, res), **tol)
     assert [c.min_rows for c in onednn_calls] == [4], onednn_calls
     assert few_calls == [2, 3], few_calls
 
