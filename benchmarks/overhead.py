@@ -18,12 +18,14 @@ Medians of interleaved rounds, in microseconds.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+import types
 
 import torch
 
-from pypto_inductor import backend, models, runtime
+from pypto_inductor import models, runtime
 from pypto_inductor.report import collect
 
 import benchmarks
@@ -31,28 +33,39 @@ import benchmarks
 from . import median_us
 
 
-def _capture(model, inputs):
-    """(CompiledGraph, its args) of the first graph compiled for ``model(*inputs)``, from
-    a compile of its own: the backend hands AOTAutograd the generated function itself
-    (backend.DIRECT_CALL), so the spy needs the CompiledGraph.__call__ form."""
+def _compile(fn, backend: str):
+    """torch.compile of a call of ``fn`` through a code object of its own: Dynamo keeps
+    compiled frames per code object, so a second backend compiling the same module or
+    function would run the first one's (the pypto region was never captured)."""
+    def call(*args):
+        return fn(*args)
+    code = call.__code__.replace(co_name=f"call_{backend}")
+    return torch.compile(types.FunctionType(code, call.__globals__, code.co_name, None,
+                                            call.__closure__), backend=backend)
+
+
+def _capture(compiled, inputs):
+    """(CompiledGraph's generated function, its args) of the first graph compiled for
+    ``compiled(*inputs)``."""
     seen = []
-    real = runtime.CompiledGraph.__call__
-    direct, backend.DIRECT_CALL = backend.DIRECT_CALL, False
+    real = runtime.CompiledGraph.call  # the property the backend hands to AOTAutograd
 
-    def spy(self, args):
-        # the boxed convention: the call empties its argument list, so each timed call
-        # gets a fresh copy (a list copy, well under a microsecond)
-        seen.append((lambda kept, graph=self: real(graph, list(kept)), (list(args),)))
-        return real(self, args)
+    def spy(self):
+        fn = real.fget(self)
 
-    runtime.CompiledGraph.__call__ = spy
+        def first(args):
+            # the boxed convention: the call empties its argument list, so each timed call
+            # gets a fresh copy (a list copy, well under a microsecond)
+            seen.append((lambda kept, fn=fn: fn(list(kept)), (list(args),)))
+            return fn(args)
+        return first
+
+    runtime.CompiledGraph.call = property(spy)
     try:
         with collect() as graphs:
-            torch.compile(model, backend="pypto")(*inputs)
+            compiled(*inputs)
     finally:
-        runtime.CompiledGraph.__call__ = real
-        backend.DIRECT_CALL = direct
-    torch._dynamo.reset()  # the timed compile is another one
+        runtime.CompiledGraph.call = real
     steps = {}
     for g in graphs:
         for step in g.compiled.program:
@@ -105,15 +118,16 @@ def _rounds(fns: dict, repeats: int, rounds: int = 5) -> dict:
 
 
 def region(repeats: int) -> list[list[str]]:
+    # a graph_cache hit rebuilds the compiled call without CompiledGraph.call (no capture)
+    os.environ["PYPTO_INDUCTOR_GRAPH_CACHE"] = "0"
     rows = []
     for name, model, inputs in region_cases():
         torch._dynamo.reset()
         with torch.no_grad():
-            (graph, args), steps = _capture(model, inputs)
-            ind = torch.compile(model, backend="inductor")
+            ind = _compile(model, "inductor")
             ind(*inputs)
-            pi = torch.compile(model, backend="pypto")
-            pi(*inputs)
+            pi = _compile(model, "pypto")
+            (graph, args), steps = _capture(pi, inputs)
             med = _rounds({"eager": (model, inputs), "inductor": (ind, inputs),
                            "pypto": (pi, inputs), "region": (graph, args)}, repeats)
         n = sum(steps.values())
@@ -147,11 +161,11 @@ def chain(repeats: int) -> list[list[str]]:
     for n in (1, 17):
         torch._dynamo.reset()
         metrics.reset()
-        fns["inductor", n] = (torch.compile(_chain(n), backend="inductor"), (x,))
+        fns["inductor", n] = (_compile(_chain(n), "inductor"), (x,))
         fns["inductor", n][0](x)
         kernels["inductor", n] = metrics.generated_kernel_count
         with collect() as graphs:
-            fns["pypto", n] = (torch.compile(_chain(n), backend="pypto"), (x,))
+            fns["pypto", n] = (_compile(_chain(n), "pypto"), (x,))
             fns["pypto", n][0](x)
         kernels["pypto", n] = sum(len(g.plan.tiles) for g in graphs)
     med = _rounds(fns, repeats)

@@ -172,3 +172,87 @@ def test_onednn_post_op_by_weight_size(epilogue, monkeypatch, onednn_calls):
         torch.testing.assert_close(out, fn(x, w, b, res), atol=1e-5, rtol=1e-5)
         forms.append([c.attr for c in onednn_calls])
     assert forms == [[], [EPILOGUES[epilogue][1] if epilogue != "add" else "add"]], forms
+
+
+@needs_onednn
+@pytest.mark.parametrize("epilogue", ["gelu", "silu", "add"])
+def test_onednn_post_op_by_rows_static(epilogue, monkeypatch, onednn_calls):
+    """At fewer than ONEDNN_POST_OPS_MIN_ROWS rows (a decode step's one token) addmm + a
+    native pass is faster than oneDNN's post-op linear (docs/benchmarks.md, "oneDNN
+    post-ops by rows"); from it on the post-op. The fusion report says which and why."""
+    from pypto_inductor.report import collect
+
+    g = torch.Generator().manual_seed(12)
+    forms, notes = [], []
+    for m in (1, 16):
+        x, w, b, res = _rand(m, 64, g=g), _rand(96, 64, g=g) / 8, _rand(96, g=g), \
+            _rand(m, 96, g=g)
+
+        def fn(x, w, b, res):
+            y = F.linear(x, w, b)
+            return res + y if epilogue == "add" else EPILOGUES[epilogue][0](y)
+
+        torch._dynamo.reset()
+        onednn_calls.clear()
+        with torch.no_grad(), collect() as graphs:
+            out = torch.compile(fn, backend="pypto", options={"roi_threshold": 0.01})(
+                x, w, b, res)
+        torch.testing.assert_close(out, fn(x, w, b, res), atol=1e-5, rtol=1e-5)
+        forms.append([(c.attr, c.min_rows) for c in onednn_calls])
+        notes += [(t.get("native") or {}).get("reason") or "" for r in graphs
+                  for t in r.to_dict()["fusion_tiles"]]
+    attr = EPILOGUES[epilogue][1] if epilogue != "add" else "add"
+    assert forms == [[], [(attr, 0)]], forms
+    assert any("1 rows < 4 (ONEDNN_POST_OPS_MIN_ROWS)" in n for n in notes), notes
+    assert any("16 rows >= 4" in n for n in notes), notes
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("epilogue", ["gelu", "silu", "add"])
+def test_onednn_post_op_by_rows_dynamic(epilogue, dtype, monkeypatch, onednn_calls):
+    """Dynamic rows: one compiled graph that takes oneDNN's post-op from
+    ONEDNN_POST_OPS_MIN_ROWS rows on and addmm + ATen's op below (one compare per call)."""
+    few_calls = []
+    form = matmul.few_rows_form
+
+    def counted(linear):
+        fn = form(linear)
+
+        def few(*args):
+            few_calls.append(args[0].shape[0])
+            return fn(*args)
+        return few
+
+    monkeypatch.setattr(matmul, "few_rows_form", counted)
+    g = torch.Generator().manual_seed(13)
+
+    def fn(x, w, b, res):
+        y = F.linear(x, w, b)
+        return res + y if epilogue == "add" else EPILOGUES[epilogue][0](y)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="pypto", dynamic=True,
+                             options={"roi_threshold": 0.01})
+    w, b = _rand(96, 64, dtype=dtype, g=g) / 8, _rand(96, dtype=dtype, g=g)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else _tol(dtype)
+    with torch.no_grad():
+        for m in (16, 2, 3, 9):
+            x, res = _rand(m, 64, dtype=dtype, g=g), _rand(m, 96, dtype=dtype, g=g)
+            torch.testing.assert_close(compiled(x, w, b, res), fn(x, w, b, res), **tol)
+    assert [c.min_rows for c in onednn_calls] == [4], onednn_calls
+    assert few_calls == [2, 3], few_calls
+
+
+@needs_onednn
+def test_onednn_post_op_rows_switch_off(monkeypatch, onednn_calls):
+    """ONEDNN_POST_OPS_BY_ROWS = False: the weight size alone chooses (the state before)."""
+    monkeypatch.setattr(matmul, "ONEDNN_POST_OPS_BY_ROWS", False)
+    g = torch.Generator().manual_seed(14)
+    x, w, b = _rand(1, 64, g=g), _rand(96, 64, g=g) / 8, _rand(96, g=g)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(lambda x, w, b: F.gelu(F.linear(x, w, b)), backend="pypto",
+                            options={"roi_threshold": 0.01})(x, w, b)
+    torch.testing.assert_close(out, F.gelu(F.linear(x, w, b)), atol=1e-5, rtol=1e-5)
+    assert [(c.attr, c.min_rows) for c in onednn_calls] == [("gelu", 0)]

@@ -47,7 +47,8 @@ class Kernel:
     # outside the native slice and runs the reference executor); None: the target
     # does not say.
     native: bool | None = None
-    reason: str | None = None  # why the tile is not native
+    # why the tile is not native; for a native tile, a choice of how it runs (the report)
+    reason: str | None = None
     takes_allocator: bool = False  # fn(inputs, syms, empty=...): outputs from the runtime's pool
     program: Any = None  # cpu: the analysed kernel program (None for a bare GEMM)
     # cpu: what the graph's generated code needs to call the kernel inline (launcher.Launch)

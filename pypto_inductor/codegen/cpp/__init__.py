@@ -150,7 +150,7 @@ def _prepare(tile: FusionTile, graph: TileGraph):
             return index_put.build(tile, graph)
         if tile.kind is OpKind.MATMUL:
             planned = matmul.plan(tile, graph)
-            _, _, sub, sub_graph, _, _ = planned
+            _, _, sub, sub_graph, *_ = planned
             if sub is None:
                 return matmul.assemble(tile, graph, planned, None)
             program = analyse(sub, sub_graph)

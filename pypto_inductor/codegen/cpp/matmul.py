@@ -52,6 +52,13 @@ ONEDNN_POST_OPS = True
 # BERT's FFN 64->128 + GELU 152-173 us against 88 + 43), equal at 128x512, faster above
 # (256x1024: by 8-27%). docs/benchmarks.md, "oneDNN post-ops by size".
 ONEDNN_POST_OPS_MIN_WEIGHT = 65536
+# ... and only for at least this many rows (x's first dim): at 1-2 rows (a decode step)
+# addmm + the activation as its own pass is faster (256x1024 + GELU, 1 row: 32 us against
+# 25; K x N = 1024x256 + residual add: 29 against 16), about even at 4, oneDNN faster from
+# 8 (0.75x) on. Dynamic rows: both forms, one integer compare at run time. False: the
+# weight size alone chooses (the state before). docs/benchmarks.md, "oneDNN post-ops by rows".
+ONEDNN_POST_OPS_BY_ROWS = True
+ONEDNN_POST_OPS_MIN_ROWS = 4
 # Whether a bare GEMM (no native epilogue) is written into the graph's generated code as
 # the torch call itself (GemmCall) instead of a call of its Python wrapper; the benchmark
 # turns it off to compile the "before" form.
@@ -73,27 +80,60 @@ class OneDnnLinear:
     attr: str
     algorithm: str = ""
     other: str | None = None
+    # > 0: the rows are dynamic; below this many the kernel runs addmm + ATen's op instead
+    min_rows: int = 0
 
 
 def _onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def onednn_post_op(mm, bias, new_ops, getters, graph: TileGraph) -> OneDnnLinear | None:
-    """The oneDNN form of a Linear tile, or None. It takes ``x @ w.t() (+ bias)`` with x
+def onednn_post_op(mm, bias, new_ops, getters, graph: TileGraph
+                   ) -> tuple[OneDnnLinear | None, str | None]:
+    """The oneDNN form of a Linear tile or None, and a note for the fusion report on the
+    choice (None where oneDNN does not apply). It takes ``x @ w.t() (+ bias)`` with x
     row-major 2-D, w.t() a transposed row-major weight, a 1-D bias, fp32 or bf16, and an
     epilogue of exactly one op reading the product: a unary activation oneDNN computes
     as eager does (GELU erf/tanh, SiLU, ReLU, sigmoid, tanh), or an add of a row-major
-    residual of the output's shape. The tile's only output is that op's result."""
+    residual of the output's shape. The tile's only output is that op's result. Where it
+    applies, the weight's size and the row count choose (ONEDNN_POST_OPS_MIN_WEIGHT,
+    ONEDNN_POST_OPS_MIN_ROWS); dynamic rows choose at run time (OneDnnLinear.min_rows)."""
     if not ONEDNN_POST_OPS or len(new_ops) != 1 or not _onednn_linear_available():
-        return None
+        return None, None
+    linear = _post_op_form(mm, bias, new_ops, getters, graph)
+    if linear is None:
+        return None, None
+    a, b = (graph.specs[x] for x in mm.args)
+    K, N, rows = graph.hint(b.shape[0]), graph.hint(b.shape[1]), a.shape[0]
+    what = f"oneDNN linear with the {linear.attr} post-op"
+    if K * N < ONEDNN_POST_OPS_MIN_WEIGHT:
+        return None, (f"addmm + native epilogue pass, not {what}: weight {K}x{N} < "
+                      f"{ONEDNN_POST_OPS_MIN_WEIGHT} elements (ONEDNN_POST_OPS_MIN_WEIGHT)")
+    if not ONEDNN_POST_OPS_BY_ROWS:
+        return linear, f"{what}: weight {K}x{N} >= {ONEDNN_POST_OPS_MIN_WEIGHT} elements"
+    if _static(rows):
+        if int(rows) < ONEDNN_POST_OPS_MIN_ROWS:
+            return None, (f"addmm + native epilogue pass, not {what}: {int(rows)} rows < "
+                          f"{ONEDNN_POST_OPS_MIN_ROWS} (ONEDNN_POST_OPS_MIN_ROWS)")
+        return linear, (f"{what}: weight {K}x{N} >= {ONEDNN_POST_OPS_MIN_WEIGHT} elements, "
+                        f"{int(rows)} rows >= {ONEDNN_POST_OPS_MIN_ROWS}")
+    return (dataclasses.replace(linear, min_rows=ONEDNN_POST_OPS_MIN_ROWS),
+            f"{what}: weight {K}x{N} >= {ONEDNN_POST_OPS_MIN_WEIGHT} elements; rows {rows} "
+            f"dynamic: below {ONEDNN_POST_OPS_MIN_ROWS} rows addmm + ATen's {new_ops[0].op} "
+            "at run time")
+
+
+def _static(size) -> bool:
+    return isinstance(size, int) or bool(getattr(size, "is_Integer", False))
+
+
+def _post_op_form(mm, bias, new_ops, getters, graph: TileGraph) -> OneDnnLinear | None:
+    """:func:`onednn_post_op`'s form of the tile regardless of sizes, or None."""
     op = new_ops[0]
     a, b = (graph.specs[x] for x in mm.args)
     out = mm.out
     if out.dtype not in (torch.float32, torch.bfloat16) or len(out.shape) != 2 \
             or a.dtype != out.dtype or b.dtype != out.dtype or op.out.dtype != out.dtype:
-        return None
-    if graph.hint(b.shape[0]) * graph.hint(b.shape[1]) < ONEDNN_POST_OPS_MIN_WEIGHT:
         return None
     T = tuple(op.out.shape)  # the product's shape, or a view of it with the same rows
     if tuple(a.stride) != tuple(_contiguous(a.shape)) or not _same(b.stride[0], 1) \
@@ -232,10 +272,10 @@ def plan(tile: FusionTile, graph: TileGraph):
         else:
             raise NotNative(f"tile output {o} is not computed by the epilogue")
     if not new_ops:
-        return mm, bias, None, None, [], getters
-    linear = onednn_post_op(mm, bias, new_ops, getters, graph)
+        return mm, bias, None, None, [], getters, None
+    linear, note = onednn_post_op(mm, bias, new_ops, getters, graph)
     if linear is not None:  # one oneDNN call: no epilogue kernel
-        return mm, bias, None, None, linear, getters
+        return mm, bias, None, None, linear, getters, note
     used = []
     for op in new_ops:
         for a in op.args:
@@ -247,7 +287,7 @@ def plan(tile: FusionTile, graph: TileGraph):
                      tile.tile_shape, tile.footprint_expr, tile.footprint_bytes,
                      tile.capacity_bytes, OpKind.ELEMENTWISE)
     sub_graph = dataclasses.replace(graph, specs=specs)
-    return mm, bias, sub, sub_graph, [(a, sources[a]) for a in used], getters
+    return mm, bias, sub, sub_graph, [(a, sources[a]) for a in used], getters, note
 
 
 def _column_sum(op, graph: TileGraph, T: tuple, env: dict, sums: set, specs: dict,
@@ -283,12 +323,13 @@ def _column_sum(op, graph: TileGraph, T: tuple, env: dict, sums: set, specs: dic
 
 def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) -> Kernel:
     """The tile's kernel from :func:`plan`'s result and the epilogue's native kernel."""
-    mm, bias, sub, sub_graph, srcs, getters = planned
+    mm, bias, sub, sub_graph, srcs, getters, note = planned
     symbols = graph.symbols
     slot = {name: i for i, name in enumerate(tile.inputs)}
     ia, ib = slot[mm.args[0]], slot[mm.args[1]]
     if isinstance(srcs, OneDnnLinear):
-        return onednn_kernel(tile, graph, mm, bias, srcs, getters)
+        return dataclasses.replace(onednn_kernel(tile, graph, mm, bias, srcs, getters),
+                                   reason=note)
     if bias is None:
         # two 2-D operands: torch.mm itself (what matmul calls: one dispatch fewer, and
         # the product is known fresh and contiguous, GemmCall.fresh)
@@ -367,7 +408,7 @@ def assemble(tile: FusionTile, graph: TileGraph, planned, epi: Kernel | None) ->
         return out
 
     # takes the runtime's allocator for the epilogue's outputs
-    return Kernel(kernel, native=True, takes_allocator=True, program=epi.program,
+    return Kernel(kernel, native=True, reason=note, takes_allocator=True, program=epi.program,
                   launch=_epilogue_call(product_call, tuple(mm.out.shape), srcs, getters, T,
                                          epi, slot))
 
@@ -381,19 +422,23 @@ def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kerne
     reshape = None if shape is None or _same_shape(shape, mm.out.shape) \
         else size_function(tuple(shape), graph.symbols)
     lp = torch.ops.mkldnn._linear_pointwise
+    small = few_rows_form(linear)
     if linear.other is None:
         attr, algorithm = linear.attr, linear.algorithm
-
+        fn = lp
+    else:
+        fn, io = lp.binary, slot[linear.other]
+        rows = size_function(tuple(mm.out.shape), graph.symbols)
+    if small is not None:  # dynamic rows: oneDNN from min_rows on
+        fn = _by_rows(fn, small, linear.min_rows)
+    if linear.other is None:
         def product(inputs, syms):
-            return lp(inputs[ix], inputs[iw].t(), None if ib is None else inputs[ib],
+            return fn(inputs[ix], inputs[iw].t(), None if ib is None else inputs[ib],
                       attr, [], algorithm)
     else:
-        binary, io = lp.binary, slot[linear.other]
-        rows = size_function(tuple(mm.out.shape), graph.symbols)
-
         def product(inputs, syms):  # the residual (row-major) seen as the product's rows
-            return binary(inputs[ix], inputs[io].view(rows(syms)), inputs[iw].t(),
-                          None if ib is None else inputs[ib], "add")
+            return fn(inputs[ix], inputs[io].view(rows(syms)), inputs[iw].t(),
+                      None if ib is None else inputs[ib], "add")
 
     if reshape is None:
         def kernel(inputs: list, syms: tuple) -> list:
@@ -403,14 +448,47 @@ def onednn_kernel(tile, graph, mm, bias, linear: OneDnnLinear, getters) -> Kerne
             return [product(inputs, syms).reshape(reshape(syms))]
 
     b = ("const", None) if ib is None else ("in", ib)
+    few = None if small is None else (mm.out.shape[0], linear.min_rows, small)
     if linear.other is None:
         call = _gemm_call(lp, (("in", ix), ("t", iw), b, ("const", linear.attr), ("const", []),
-                               ("const", linear.algorithm)), [(None, None, reshape and shape)])
+                               ("const", linear.algorithm)), [(None, None, reshape and shape)],
+                          few)
     else:
         call = _gemm_call(lp.binary, (("in", ix), ("view", io, tuple(mm.out.shape)),
                                       ("t", iw), b, ("const", "add")),
-                          [(None, None, reshape and shape)])
+                          [(None, None, reshape and shape)], few)
     return Kernel(kernel, native=True, launch=call)
+
+
+# ATen's form of each post-op (what eager runs after its addmm) for a few rows
+_ATEN_POST_OPS = {"gelu": lambda r, alg: torch.nn.functional.gelu(r, approximate=alg),
+                  "swish": lambda r, alg: torch.nn.functional.silu(r),
+                  "sigmoid": lambda r, alg: torch.sigmoid(r),
+                  "tanh": lambda r, alg: torch.tanh(r)}
+
+
+def few_rows_form(linear: OneDnnLinear):
+    """For dynamic rows (``linear.min_rows``): a function taking the oneDNN call's
+    arguments that computes the same as addmm (mm) + ATen's op, or None."""
+    if not linear.min_rows:
+        return None
+    if linear.other is not None:
+        def few_rows_add(x, other, w, bias, _attr):
+            r = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
+            return r.add_(other)
+        return few_rows_add
+    act = _ATEN_POST_OPS[linear.attr]
+
+    def few_rows(x, w, bias, _attr, _scalars, algorithm):
+        return act(torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t()),
+                   algorithm)
+    return few_rows
+
+
+def _by_rows(onednn, few, min_rows: int):
+    def call(x, *args):
+        return (onednn if x.shape[0] >= min_rows else few)(x, *args)
+    return call
 
 
 def _epilogue_call(product_call, P, srcs, getters, T, epi: Kernel, slot) -> EpilogueCall | None:
@@ -425,10 +503,10 @@ def _epilogue_call(product_call, P, srcs, getters, T, epi: Kernel, slot) -> Epil
     return EpilogueCall(product_call[0], product_call[1], feeds, tuple(getters), T, native)
 
 
-def _gemm_call(fn, operands, getters) -> GemmCall | None:
+def _gemm_call(fn, operands, getters, few=None) -> GemmCall | None:
     if not INLINE_GEMMS:
         return None
-    return GemmCall(fn, operands, tuple(shape for _, _, shape in getters))
+    return GemmCall(fn, operands, tuple(shape for _, _, shape in getters), few)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,6 +521,9 @@ class GemmCall:
     # ("view", input index, shape): a view of it, ("const", value)
     operands: tuple
     shapes: tuple  # per tile output: its shape (sizes, sympy where symbolic) or None: as is
+    # (rows, min_rows, fn): below min_rows rows (a size expression) call fn instead of
+    # ``fn`` with the same arguments (OneDnnLinear.min_rows); None: always ``fn``
+    few: tuple | None = None
     gemm = True  # tells codegen/graph this is not a native kernel's Launch
 
     def fresh(self, linear: bool) -> bool:
@@ -475,7 +556,11 @@ class GemmCall:
             else:
                 v = op[1]
                 args.append(repr(v) if v is None or type(v) in (str, int, bool) else f"{k}_c{j}")
-        lines = [f"    {k}_r = {call or f'{k}_fn(' + ', '.join(args) + ')'}"]
+        call = call or f"{k}_fn({', '.join(args)})"
+        if self.few is not None:  # one integer compare on the size symbol
+            rows, min_rows, _ = self.few
+            call = f"{call} if {size(rows)} >= {min_rows} else {k}_few({', '.join(args)})"
+        lines = [f"    {k}_r = {call}"]
         for o, shape in zip(outs, self.shapes):
             if o == "_":
                 continue
@@ -484,7 +569,7 @@ class GemmCall:
         return lines + [f"    del {k}_r"]
 
     def bindings(self, k: str) -> dict:
-        return {f"{k}_fn": self.fn,
+        return {f"{k}_fn": self.fn, **({f"{k}_few": self.few[2]} if self.few else {}),
                 **{f"{k}_c{j}": op[1] for j, op in enumerate(self.operands)
                    if op[0] == "const" and not (op[1] is None or type(op[1]) in (str, int, bool))}}
 
