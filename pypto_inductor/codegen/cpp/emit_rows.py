@@ -88,6 +88,12 @@ UNROLL_TRIPS = 8
 # docs/benchmarks.md, k16t). A tile whose rows x columns are a constant under
 # PARALLEL_MIN has only the serial loop (no second copy to compile).
 SERIAL_COPY = True
+# The fast path reads a column-broadcast input (stride 0: a LayerNorm's mean and rstd per
+# row) once per column loop, before it, not in every iteration: kept in the loop, GCC's PRE
+# reloads it in the latch (the stores may alias it) and the loop no longer vectorises,
+# which the serial copy above hit in row kernels summing columns (LayerNorm backward,
+# 512 x 64, one thread: 65 -> 15 us a call; k16x). The same value is read: bit-exact.
+HOIST_BROADCAST_LOADS = True
 
 
 class RowEmitter:
@@ -120,6 +126,7 @@ class RowEmitter:
         self.cached: set[int] = set()  # col values a row pass stores for the later passes
         self.stored: set[int] = set()  # of those, the ones stored by a pass already emitted
         self.storing: set[int] = set()  # ... and by the pass being emitted
+        self.hoisted: set[int] = set()  # fast-path loads defined before the column loop
         # half values only stored (as their own dtype): left unrounded, the store rounds
         users: dict[int, int] = {}
         for x in nodes:
@@ -399,6 +406,8 @@ class RowEmitter:
                 self.define(x, "    ", col=False)
 
     def define(self, x, ind: str, col: bool, path: str = "fast") -> None:
+        if col and path == "fast" and x.id in self.hoisted:  # defined before the loop
+            return
         if col and path == "fast" and x.id in self.blocked:
             rhs = f"{self.blocked[x.id]}[c - cs]"
         elif x.kind == "load":
@@ -601,6 +610,8 @@ class RowEmitter:
                         deps = self.col_deps([a for x in reductions for a in x.args] + [
                             x for x in targets if x.kind != "reduce"])
                 staged_outs = {k for k, _, _ in souts}
+                if path == "fast" and segs == 1:
+                    self.hoist_broadcast_loads(deps, lo, hi)
                 if path == "fast" and lanes > 1:
                     self.interleaved(reductions, deps, tail, lo, hi, lanes)
                     lo = f"{lo} + {lanes} * cq"  # the remaining columns
@@ -631,7 +642,26 @@ class RowEmitter:
                     self.staged = {}
                     self.blocked = {}
             self.seg = 0
+            self.hoisted = set()
             self.w("    }")
+
+    def hoist_broadcast_loads(self, deps, lo: str, hi: str) -> None:
+        """Define the fast path's column-broadcast loads among ``deps`` before the column
+        loop (HOIST_BROADCAST_LOADS); read only when the loop has a column to run."""
+        if not HOIST_BROADCAST_LOADS:
+            return
+        p = self.p
+        for x in deps:
+            k = x.attrs.get("access") if x.kind == "load" else None
+            if k is None or p.fast[k] != "bcast" or p.accesses[k].offset is not None \
+                    or x.id in self.cached or x.id in self.stored or x.id in self.blocked \
+                    or k in self.staged or k in self.row_staged:
+                continue
+            spec = p.input_specs[p.accesses[k].input]
+            rhs = load(f"in{p.accesses[k].input}[b{k}]", spec.dtype)
+            t = ctype(x.dtype)
+            self.w(f"      const {t} {self.var(x)} = {lo} < {hi} ? ({t})({rhs}) : ({t})0;")
+            self.hoisted.add(x.id)
 
     def row_part_loops(self, has_fast: bool, targets, outs) -> None:
         """The per-element outputs' column loop. A row cat picks its part on the row index,
