@@ -16,6 +16,7 @@ times training steps (forward + backward) of the two blocks (``training.py``).
 transformers zoo instead (forward, decode step, training step: ``zoo.py``);
 ``python -m benchmarks compile_time`` cold compile and warm start times per zoo model;
 ``python -m benchmarks overhead`` the per-call and per-kernel overhead (``overhead.py``);
+``python -m benchmarks ab MODULE.ATTR --models ..`` one switch off and on (``ab.py``);
 ``python -m benchmarks.rope`` RoPE and RoPE into the KV cache cat, cat parts fused or not.
 """
 from __future__ import annotations
@@ -180,6 +181,10 @@ def main(argv=None) -> int:
         from . import compile_time
 
         return compile_time.main(argv[1:])
+    if argv[:1] == ["ab"]:  # one switch off and on against Inductor (benchmarks/ab.py)
+        from . import ab
+
+        return ab.main(argv[1:])
     if argv[:1] == ["overhead"]:  # per-call and per-kernel overhead (benchmarks/overhead.py)
         from . import overhead
 

@@ -82,18 +82,18 @@ def batch(name: str, seed: int = 0) -> dict:
         return zoo.batch(name, seed)
 
 
-def _forward_inputs(name: str) -> dict:
+def forward_inputs(name: str) -> dict:
     kw = batch(name)
     if zoo.ZOO[name].kind != "seq2seq":  # the decoder of T5/Whisper runs on the labels
         kw.pop("labels", None)
     return kw
 
 
-def _tensors(out) -> list[torch.Tensor]:
+def tensors(out) -> list[torch.Tensor]:
     return list(zoo.output_tensors(out).values())
 
 
-def _rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+def rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     worst = 0.0
     for g, w in zip(got, want):
         if g.dtype.is_floating_point:
@@ -117,14 +117,14 @@ def _first_call_s(fn) -> tuple[object, float]:
 
 
 def _forward(name, model, labels, repeats):
-    kw = _forward_inputs(name)
+    kw = forward_inputs(name)
     runs, compile_s, outs = {}, {}, {}
     with torch.no_grad():
         for label in labels:
             f = _compile(model, label)
             runs[label] = lambda f=f: f(**kw)
             out, compile_s[label] = _first_call_s(runs[label])
-            outs[label] = _tensors(out)
+            outs[label] = tensors(out)
     return runs, compile_s, outs, torch.no_grad
 
 
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
                         rows.append([name, mode, str(t), f"failed: {type(e).__name__}"]
                                     + [""] * (len(COLUMNS) - 4))
                         continue
-                    checks = [_rel_diff(outs[b], outs["eager"]) if mode != "decode"
+                    checks = [rel_diff(outs[b], outs["eager"]) if mode != "decode"
                               else (0.0 if torch.equal(outs[b][0], outs["eager"][0]) else math.inf)
                               for b in ("inductor", "pypto")]
                     pi = med["eager"] / med["pypto"]
