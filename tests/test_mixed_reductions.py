@@ -65,7 +65,7 @@ def test_batchnorm_statistics_are_native(shape, dtype, run_both, built, threads)
     _native(built)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_middle_and_block_kept_dims(dtype, run_both, built):
     g = torch.Generator().manual_seed(7)
     run_both(_middle, torch.randn(3, 5, 11, generator=g).to(dtype))
