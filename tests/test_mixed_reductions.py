@@ -1,7 +1,8 @@
 """Mixed reductions (codegen/cpp/emit_mixed): over dims both before and after the kept ones,
 BatchNorm's training statistics (NCHW over [0, 2, 3], C kept) and the sums of its backward.
 The tiles are native (reduction.MIXED_REDUCTIONS; they ran the reference executor before)
-and match eager: fp32 and bf16, odd sizes, H * W = 1, dynamic shapes, 1 and 2 threads."""
+and match eager: fp32 and bf16, odd sizes, H * W = 1, dynamic shapes, 1 and 2 threads; also
+where C == W (a [C] value there fits the domain's last dim as well: reduction.kept_only)."""
 from __future__ import annotations
 
 import pytest
@@ -89,7 +90,8 @@ def test_switch_off_runs_the_reference(run_both, built, monkeypatch):
 
 
 @pytest.mark.parametrize("nt", [1, 2])
-@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (4, 6, 1, 1)], ids=["odd", "hw1"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (4, 6, 1, 1), (2, 8, 5, 8)],
+                         ids=["odd", "hw1", "c-eq-w"])
 def test_batchnorm_training_step_matches_eager(shape, nt, built, threads, tol):
     threads(nt)
     torch.manual_seed(1)

@@ -537,7 +537,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         if op.op == "cast" and op.args[0] in self.env and self.env[op.args[0]].kind == "colsum":
             # a column sum's cast: the same sums, rounded by their store
             return dataclasses.replace(self.env[op.args[0]], shape=tuple(op.out.shape))
-        self.in_kept = self.perm is not None and self.reads_kept_values(op)
+        self.in_kept = self.perm is not None and (self.reads_kept_values(op)
+                                                  or self.kept_only(op))
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION or self.in_kept))
         if op.op == "cat":
             return self.lower_cat(op, ctx)

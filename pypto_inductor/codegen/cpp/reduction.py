@@ -14,7 +14,7 @@ import dataclasses
 import sympy
 import torch
 
-from ...ir import FusionTile, TileOp
+from ...ir import FusionTile, OpKind, TileOp
 from ...sizes import same_size as _same
 from .ops import size
 from .program import FLOATS, Lit, Node, NotNative
@@ -165,6 +165,30 @@ class ReductionAnalysis:
             self.kept_values.add(op.name)
             return True
         return False
+
+    def kept_only(self, op: TileOp) -> bool:
+        """Whether ``op`` of a mixed reduction computes kept values only: its rank is the
+        kept dims', as is that of every op using it in the tile (transitively). Then it is
+        one (see lower_kept_view): BatchNorm's running-stat update ``running_mean * 0.9`` or
+        its backward's ``sum * (1 / NHW)``, whose [C] also fits the domain's last dim when
+        C == W (ambiguous in :meth:`align` otherwise)."""
+        if not self.mixed or op.kind is OpKind.REDUCTION or len(op.out.shape) != len(self.kept):
+            return False
+        users: dict[str, list] = {}
+        for o in self.tile.ops:
+            for a in o.args:
+                if isinstance(a, str):
+                    users.setdefault(a, []).append(o)
+        stack, seen = [op], set()
+        while stack:
+            for u in users.get(stack.pop().name, []):
+                if u.name not in seen:
+                    if len(u.out.shape) != len(self.kept):
+                        return False
+                    seen.add(u.name)
+                    stack.append(u)
+        self.kept_values.add(op.name)
+        return True
 
     def tshape(self, shape, reduced: bool = False) -> tuple:
         """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
