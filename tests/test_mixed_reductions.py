@@ -141,3 +141,14 @@ def test_select_feeding_two_sums_is_branch_free(sources, tmp_path):
     subprocess.run([path, *[f for f in flags if f != "-shared"], "-S", str(tmp_path / "k.cpp"),
                     "-o", str(tmp_path / "k.s")], check=True, capture_output=True)
     assert "comiss" not in (tmp_path / "k.s").read_text()
+
+
+def test_strided_inputs_take_the_generic_path(run_both, built):
+    """Channels-last and transposed inputs: the inner reduced dims are not contiguous (the
+    kernel's generic path, indices decoded per element), still native and eager's values."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, 7, 9, generator=g).contiguous(memory_format=torch.channels_last)
+    y = torch.randn(3, 5, 9, 7, generator=g).transpose(2, 3)
+    run_both(_var_mean_norm, x)
+    run_both(_sums, x, y)
+    _native(built)
