@@ -28,6 +28,7 @@ from .. import Kernel, reference
 from . import compiler, index_put, matmul
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
+from .emit_mixed import MixedEmitter
 from .emit_rows import RowEmitter
 from .launcher import native_kernel
 from .ops import EmitError, NotEmittable, current_op
@@ -54,6 +55,8 @@ def _reference(tile: FusionTile, graph: TileGraph, reason: str) -> Kernel:
 def generate_source(program: Program) -> str:
     """The C++ source of a kernel program (rows, or a column reduction's blocks)."""
     try:
+        if program.mixed:
+            return MixedEmitter(program).source()
         if program.transposed:
             return ColumnEmitter(program).source()
         return RowEmitter(program).source()

@@ -78,6 +78,7 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         self.row_cat_dims: list[int] = []  # domain dims a cat runs along (rows, not columns)
         self.made: dict[tuple, Node] = {}  # pure nodes by (kind, level, args, dtype, attrs)
         self.perm: tuple | None = None  # a column reduction's domain dims order, see tshape
+        self.mixed = 0  # a mixed reduction's reduced dims before its kept ones (transpose)
         # a column reduction's values indexed by its kept dims only (a view dropping the
         # reduced 1s of its result, the ops over such values): see ReductionAnalysis.kept_view
         self.kept_values: set[str] = set()
@@ -341,9 +342,11 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         # per-element outputs are stored in the tile's order: the domain's own shape, or
         # any of its size when the reduced dims are 1s (then both orders agree)
         unit = all(_same(d, 1) for d in self.D[n - self.m:])
+        # (a mixed reduction's kernel writes them in the tile's own order: emit_mixed)
         if self.perm is not None and any(
                 x.level == "col" and not (unit and _same(_numel(spec.shape), _numel(dom.shape)))
-                and not (_same_shape(spec.shape, dom.shape) and axes == tuple(range(self.m)))
+                and not (_same_shape(spec.shape, dom.shape)
+                         and (axes == tuple(range(self.m)) or self.mixed))
                 for x, spec in outputs):
             raise NotNative("a column reduction's per-element output is not in the tile's "
                             "order (another shape, or reduced dims not leading)")
@@ -355,13 +358,15 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
                 if x.kind == "colsum" and not _same(x.attrs["cols"], self.D[-1]):
                     raise NotNative(f"a column sum over {x.attrs['cols']} columns in a "
                                     f"pointwise tile of {self.D[-1]} columns")
-        # a column reduction vectorises along its last kept dim, the others along columns
-        along = range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
+        # a column reduction vectorises along its last kept dim, a mixed one along its
+        # reduced dims after the kept ones, the others along columns
+        along = range(n - m + self.mixed, n) if self.mixed else \
+            range(n - m - 1, n - m) if self.perm is not None else range(n - m, n)
         return Program(self.D, m, bool(axes), self.nodes, self.access_list,
                        [graph.specs[i] for i in tile.inputs], outputs,
                        [self.classify(a, along) for a in self.access_list], graph.symbols,
                        list(self.cat_bounds or []), self.perm is not None, list(self.checks),
-                       self.direct_writes(outputs))
+                       self.direct_writes(outputs), self.mixed)
 
     # --- cat along the columns --------------------------------------------------------
     def cat_part_ops(self) -> set:
@@ -532,7 +537,8 @@ class _Analyser(IndexingMixin, ReductionAnalysis):
         if op.op == "cast" and op.args[0] in self.env and self.env[op.args[0]].kind == "colsum":
             # a column sum's cast: the same sums, rounded by their store
             return dataclasses.replace(self.env[op.args[0]], shape=tuple(op.out.shape))
-        self.in_kept = self.perm is not None and self.reads_kept_values(op)
+        self.in_kept = self.perm is not None and (self.reads_kept_values(op)
+                                                  or self.kept_only(op))
         ctx = self.context(self.tshape(op.out.shape, op.kind is OpKind.REDUCTION or self.in_kept))
         if op.op == "cat":
             return self.lower_cat(op, ctx)

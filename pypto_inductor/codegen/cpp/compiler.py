@@ -49,6 +49,13 @@ from . import pch
 BASE_FLAGS = ("-O2", "-fvect-cost-model=dynamic", "-fwrapv", "-fopenmp", "-shared", "-fPIC",
               "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w")
 NATIVE_FLAGS = ("-march=native",)
+# -fno-tree-sink: g++ 12 sinks a load that only a select reads into the select's branch
+# (`where(mask, 0, g)` reads g only where the mask is false), and in an unrolled block it
+# does not vectorise (two sums of one select: BatchNorm's backward) that is a branch per
+# element on the mask, mispredicted on real data: 10x slower (1.3 ms vs 0.13 ms a
+# 262k-element pass, docs/benchmarks.md). Switch (read when the compiler is probed, cached
+# in ``compilers``): the benchmark's "before".
+NO_TREE_SINK = True
 COMPILE_TIMEOUT_S = 300
 
 # Counters, for tests and reports: compiles run, disk hits, memory hits, rebuilt entries.
@@ -191,7 +198,9 @@ def find_compiler() -> tuple[str, str, tuple[str, ...]] | None:
                 flags = BASE_FLAGS
                 problem = _probe(cmd, (*flags, *cmd[1:]))
         if problem is None:
-            found = (cmd[0], version, (*flags, *cmd[1:]))
+            sink = ("-fno-tree-sink",) if NO_TREE_SINK and "clang" not in version.lower() \
+                else ()
+            found = (cmd[0], version, (*flags, *sink, *cmd[1:]))
             break
         if name == cxx:
             cxx_problem = f"CXX={cxx!r} is not a working C++ compiler: {problem}"

@@ -297,6 +297,18 @@ class RowEmitter:
         w("}")
         return "\n".join(self.lines) + "\n"
 
+    # hooks of a mixed reduction's kernel (emit_mixed): each pass over the row in a loop
+    # over the outer reduced index, and where that row's per-element outputs start
+    def pass_open(self) -> None:
+        pass
+
+    def pass_close(self) -> None:
+        pass
+
+    def out_row(self) -> str:
+        """The offset of row r's per-element outputs."""
+        return "r * C"
+
     def parallel_loop(self, start: int, count: str = "W") -> None:
         """Put the loop over ``count`` work items (``self.lines[start:]``) under ``omp
         parallel for``, with a serial copy for one-thread calls (SERIAL_COPY)."""
@@ -631,13 +643,15 @@ class RowEmitter:
                     self.w("        " + line)
                 for k, x, spec in outs:
                     self.w(f"        so{k}[c - cs] = {self.var(x)};" if k in staged_outs else
-                           f"        out{k}[r * C + c] = {store(self.var(x), spec.dtype, x)};")
+                           f"        out{k}[{self.out_row()} + c] = "
+                           f"{store(self.var(x), spec.dtype, x)};")
                 self.w("      }")
                 if path == "fast" and lanes > 1:
                     self.combine_lanes(reductions, lanes)
                 if blocks:
                     for k in sorted(staged_outs):
-                        self.w(f"      pi_st_f16_n(so{k}, out{k} + r * C + cs, ce - cs);")
+                        self.w(f"      pi_st_f16_n(so{k}, out{k} + {self.out_row()} + cs, "
+                               "ce - cs);")
                     self.w("      }")
                     self.staged = {}
                     self.blocked = {}
@@ -985,6 +999,7 @@ class RowEmitter:
             # a pass of conditional reductions only (var's double redo of an overflowed
             # row, reduction.variance) runs where its row condition holds
             when = all(x.attrs.get("when") for x in reds)
+            self.pass_open()
             if when:
                 w(f"    if ({' || '.join(self.var(x.args[1]) for x in reds)}) {{")
             if wide and has_fast and self.explicit_order(reds):
@@ -1021,6 +1036,7 @@ class RowEmitter:
                 self.loop(has_fast, reds, tail)
             if when:
                 w("    }")
+            self.pass_close()
             self.stored |= self.storing
             for x in reds:
                 val = f"(nan{x.id} ? NAN : acc{x.id})" if x.attrs["red"] != "sum" \
@@ -1033,7 +1049,9 @@ class RowEmitter:
         if self.colsums:
             self.loop(has_fast, self.output_targets(), self.column_sum_tail, outs=col_outs)
         elif col_outs:
+            self.pass_open()
             self.row_part_loops(has_fast, [x for _, x, _ in col_outs], col_outs)
+            self.pass_close()
         for k, (x, spec) in enumerate(p.outputs):
             if x.level == "row":
                 w(f"    if (c0 == 0) out{k}[r] = {store(self.var(x), spec.dtype, x)};")

@@ -82,6 +82,9 @@ class Program:
     transposed: bool = False
     checks: list = dataclasses.field(default_factory=list)  # indexing.IndexCheck
     writes: dict = dataclasses.field(default_factory=dict)  # output -> indexing.DirectWrite
+    # a mixed reduction (transposed, the kept dims between reduced ones): how many of its
+    # reduced dims come before the kept ones (emit_mixed); 0 otherwise
+    mixed: int = 0
 
 
 def dim_mult(entry) -> tuple:

@@ -14,7 +14,7 @@ import dataclasses
 import sympy
 import torch
 
-from ...ir import FusionTile, TileOp
+from ...ir import FusionTile, OpKind, TileOp
 from ...sizes import same_size as _same
 from .ops import size
 from .program import FLOATS, Lit, Node, NotNative
@@ -51,6 +51,11 @@ HALF_LOG_SOFTMAX_AS_EAGER = True
 # lanes, the lanes' halving tree, then the last C mod SOFTMAX_LANES exps in order) and
 # multiplies by the reciprocal. Switch: the old blocked sum and a division.
 HALF_SOFTMAX_EAGER_ORDER = True
+# A reduction over dims both before and after its kept dims (BatchNorm's training statistics:
+# NCHW over [0, 2, 3], C kept) is native when the kept dims are one contiguous block: rows are
+# the kept elements, each a loop over the outer reduced index around the inner contiguous
+# run (emit_mixed). Switch: the benchmark's "before" (such tiles ran the reference executor).
+MIXED_REDUCTIONS = True
 
 
 def softmax_lanes() -> int:
@@ -75,9 +80,13 @@ class ReductionAnalysis:
         dims moved last: it is then a row reduction whose rows are the kept dims (every
         shape goes through :meth:`tshape`, every input read through :meth:`align`)."""
         n = len(self.D)
-        if n - 1 in axes:
+        kept = tuple(d for d in range(n) if d not in axes)
+        if n - 1 in axes and not (MIXED_REDUCTIONS and kept == tuple(range(kept[0],
+                                                                           kept[-1] + 1))):
             raise NotNative(f"reduction over dims {list(axes)} takes the last dim but not "
                             "only the innermost ones")
+        # reduced dims before the kept block, the others after it (a mixed reduction), or 0
+        self.mixed = kept[0] if n - 1 in axes else 0
         if any(op.op in ("cat", "full", "gather", "pad", "arange") for op in tile.ops):
             raise NotNative("a column reduction with cats, gathers, pads or aranges inside "
                             "is not native yet")
@@ -156,6 +165,30 @@ class ReductionAnalysis:
             self.kept_values.add(op.name)
             return True
         return False
+
+    def kept_only(self, op: TileOp) -> bool:
+        """Whether ``op`` of a mixed reduction computes kept values only: its rank is the
+        kept dims', as is that of every op using it in the tile (transitively). Then it is
+        one (see lower_kept_view): BatchNorm's running-stat update ``running_mean * 0.9`` or
+        its backward's ``sum * (1 / NHW)``, whose [C] also fits the domain's last dim when
+        C == W (ambiguous in :meth:`align` otherwise)."""
+        if not self.mixed or op.kind is OpKind.REDUCTION or len(op.out.shape) != len(self.kept):
+            return False
+        users: dict[str, list] = {}
+        for o in self.tile.ops:
+            for a in o.args:
+                if isinstance(a, str):
+                    users.setdefault(a, []).append(o)
+        stack, seen = [op], set()
+        while stack:
+            for u in users.get(stack.pop().name, []):
+                if u.name not in seen:
+                    if len(u.out.shape) != len(self.kept):
+                        return False
+                    seen.add(u.name)
+                    stack.append(u)
+        self.kept_values.add(op.name)
+        return True
 
     def tshape(self, shape, reduced: bool = False) -> tuple:
         """A shape of the tile in the analysed domain (see :meth:`align`), permuted;
