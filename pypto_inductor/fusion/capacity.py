@@ -78,7 +78,6 @@ class Domain:
             return shape == self.shape or shape in self.reduced_shapes()
         return numel == self.numel
 
-
     def splits_rows(self, shape: tuple) -> bool:
         """Whether a value of this row domain's size and ``shape`` splits into its rows: its
         last dim (trailing 1s aside) a multiple of the reduced dim (ROW_LAST_DIM_SPLITS)."""
