@@ -108,6 +108,22 @@ def run_both():
 
 
 @pytest.fixture
+def built(monkeypatch):
+    """(tile, kernel) of every tile the cpu target builds during the test."""
+    from pypto_inductor.codegen import cpp
+    out = []
+    real = cpp.build_many
+
+    def spy(tiles, graph):
+        kernels = real(tiles, graph)
+        out.extend(zip(tiles, kernels))
+        return kernels
+
+    monkeypatch.setattr(cpp, "build_many", spy)
+    return out
+
+
+@pytest.fixture
 def sources(monkeypatch):
     """The C++ source of every native kernel the cpu target builds during the test."""
     from pypto_inductor.codegen import cpp

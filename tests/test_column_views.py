@@ -10,23 +10,6 @@ import pytest
 import torch
 
 
-
-@pytest.fixture
-def built(monkeypatch):
-    """(tile, kernel) of every tile the cpu target builds during the test."""
-    from pypto_inductor.codegen import cpp
-    out = []
-    real = cpp.build_many
-
-    def spy(tiles, graph):
-        kernels = real(tiles, graph)
-        out.extend(zip(tiles, kernels))
-        return kernels
-
-    monkeypatch.setattr(cpp, "build_many", spy)
-    return out
-
-
 def _sum_squeeze_mul(x, cos):
     b, h, _, s, d = x.shape
     q = x.sum(2, keepdim=True).view(b, h, s, d)

@@ -12,22 +12,6 @@ import torch.nn as nn
 from pypto_inductor.codegen.cpp import reduction
 
 
-@pytest.fixture
-def built(monkeypatch):
-    """(tile, kernel) of every tile the cpu target builds during the test."""
-    from pypto_inductor.codegen import cpp
-    out = []
-    real = cpp.build_many
-
-    def spy(tiles, graph):
-        kernels = real(tiles, graph)
-        out.extend(zip(tiles, kernels))
-        return kernels
-
-    monkeypatch.setattr(cpp, "build_many", spy)
-    return out
-
-
 def _native(built):
     assert built and all(k.native for _, k in built), [(t.name, k.reason) for t, k in built]
 
