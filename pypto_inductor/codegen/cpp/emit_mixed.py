@@ -43,14 +43,7 @@ class MixedEmitter(RowEmitter):
         outer = " * ".join(f"D{d}" for d in range(nk, self.outer)) or "1"
         inner = " * ".join(f"D{d}" for d in range(self.outer, n)) or "1"
         w(f"  const int64_t NO = {outer}, CI = {inner};")
-        fast_checks = []
-        for k, a in enumerate(p.accesses):
-            if a.col and p.fast[k] != "strided":
-                contiguous = "1"
-                for d in range(n - 1, self.outer - 1, -1):
-                    want = contiguous if p.fast[k] == "unit" else "0"
-                    fast_checks.append(f"(D{d} == 1 || {self.stride(k, d)} == {want})")
-                    contiguous = f"{contiguous} * D{d}"
+        fast_checks = self.fast_checks()
         has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
         w(f"  const bool fast = {' && '.join(fast_checks) or 'true'}; (void)fast;")
         loop_start = len(self.lines)

@@ -194,18 +194,24 @@ class RowEmitter:
                 w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
         self.lines += index_prologue(p, offsets)
 
-    def source(self) -> str:
-        p, n = self.p, self.n
-        w = self.w
-        self.head()
-        fast_checks = []
+    def fast_checks(self) -> list[str]:
+        """The run-time conditions of the fast path: each column access's strides along
+        the dims from ``self.outer`` on are unit (contiguous) or zero (broadcast)."""
+        p, n, checks = self.p, self.n, []
         for k, a in enumerate(p.accesses):
             if a.col and p.fast[k] != "strided":
                 contiguous = "1"
                 for d in range(n - 1, self.outer - 1, -1):
                     want = contiguous if p.fast[k] == "unit" else "0"
-                    fast_checks.append(f"(D{d} == 1 || {self.stride(k, d)} == {want})")
+                    checks.append(f"(D{d} == 1 || {self.stride(k, d)} == {want})")
                     contiguous = f"{contiguous} * D{d}"
+        return checks
+
+    def source(self) -> str:
+        p, n = self.p, self.n
+        w = self.w
+        self.head()
+        fast_checks = self.fast_checks()
         # rows of the frames other than the domain's: the row index decomposed over them
         self.frame_of: dict[int, int | None] = {}
         frames: list[tuple] = []
