@@ -96,3 +96,21 @@ def test_one_call_out_of_range_raises_and_falls_back_for_views(monkeypatch):
     xt = torch.randn(4, 7).t()  # a transposed x: the clone path
     torch.testing.assert_close(f(xt, index, values),
                                xt.index_put((index,), values, accumulate=True) + 1)
+
+
+def test_one_call_dynamic_batch_reads_each_call_sizes(monkeypatch):
+    """Two batch sizes, one compiled graph: the indices' strides are the same, so the
+    cached call numbers must follow the size symbols (the count of ids differs)."""
+    monkeypatch.setattr(index_put, "ONE_CALL", True)
+    torch.manual_seed(6)
+    model = Embeddings(torch.float32)
+    f = torch.compile(model, backend=lambda gm, ex: pypto_backend(gm, ex), dynamic=True)
+    for batch in (4, 3, 4, 2):
+        ids, types = _inputs(torch.int64)
+        ids, types = ids[:batch].contiguous(), types[:batch].contiguous()
+        model.zero_grad(set_to_none=True)
+        f(ids, types).backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        eager = _grads(model, None, ids, types)
+        for a, e in zip(got, eager):
+            torch.testing.assert_close(a, e)

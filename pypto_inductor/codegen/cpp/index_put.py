@@ -230,21 +230,36 @@ def _build_one_call(tile: FusionTile, graph: TileGraph, one: tuple, fn) -> Kerne
     ix, iv, ii = [tile.inputs.index(a) for a in tile.ops[0].args]
     generic = _generic(tile, graph, fn)
 
+    # (syms, strides) -> (out shape, the call's numbers) or None (the clone path): the
+    # size symbols and the strides fix the shapes, and stride() is the call the graph code
+    # makes for every kernel (a code path already warm, where shape checks were not)
+    layouts: dict = {}
+
+    def layout(x, values, index, key):
+        shape = x.shape
+        ok = bool(shape) and values.shape == index.shape + shape[1:] and x.is_contiguous() \
+            and values.is_contiguous() and index.is_contiguous() and x.dtype == dtype \
+            and values.dtype == dtype and index.dtype in INDEX_DTYPES
+        entry = ((tuple(shape), (INDEX_DTYPES[index.dtype], dt, index.numel(), shape[0],
+                                 math.prod(shape[1:]))) if ok else None)
+        if len(layouts) >= 64:
+            layouts.clear()
+        layouts[key] = entry
+        return entry
+
     def kernel(inputs: list, syms: tuple) -> list:
         x, values, index = inputs[ix], inputs[iv], inputs[ii]
-        shape = x.shape
-        if not shape or values.shape != index.shape + shape[1:] or not x.is_contiguous() \
-                or not values.is_contiguous() or not index.is_contiguous() \
-                or x.dtype != dtype or values.dtype != dtype:
+        key = (syms, x.stride(), values.stride(), index.stride())
+        entry = layouts.get(key, False)
+        if entry is False:
+            entry = layout(x, values, index, key)
+        if entry is None:
             return generic(inputs, syms)
-        out = alloc.empty(tuple(shape), dtype)
-        rows = shape[0]
-        bad = call_status(address, (x, values, index, out), 0,
-                          (INDEX_DTYPES[index.dtype], dt, index.numel(), rows,
-                           math.prod(shape[1:])), 1)
+        out = alloc.empty(entry[0], dtype)
+        bad = call_status(address, (x, values, index, out), 0, entry[1], 1)
         if bad:
             raise IndexError(f"index {int(index.reshape(-1)[bad - 1])} is out of bounds for "
-                             f"dimension 0 with size {rows}")
+                             f"dimension 0 with size {entry[0][0]}")
         return [out]
 
     return Kernel(kernel, native=True)
