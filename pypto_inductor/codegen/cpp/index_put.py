@@ -113,24 +113,16 @@ static int64_t pi_dispatch(void* out, const void* v, const void* idx, int64_t it
 }
 
 // native_call's convention: p = x, values, index, out, status; s = it, dt, n, rows, w.
-// The indices are checked before the copy, so nothing is written for a bad index.
+// out is a fresh buffer: on a bad index (checked before any add) the caller drops it.
 extern "C" void pi_index_put_call(void* const* p, const int64_t*, const int64_t* s, int) {
-  const void* idx = p[2];
-  const int64_t n = s[2], rows = s[3];
-  int64_t bad = s[0] ? pi_check((const int32_t*)idx, n, rows) : pi_check((const int64_t*)idx, n, rows);
-  if (bad) {
-    *(int64_t*)p[4] = bad;
-    return;
-  }
   const int64_t size = s[1] == 1 ? 8 : s[1] == 0 ? 4 : 2;
-  if (rows * s[4]) memcpy(p[3], p[0], (size_t)(rows * s[4] * size));
-  *(int64_t*)p[4] = pi_dispatch(p[3], p[1], idx, s[0], s[1], n, rows, s[4]);
+  if (s[3] * s[4]) memcpy(p[3], p[0], (size_t)(s[3] * s[4] * size));
+  *(int64_t*)p[4] = pi_dispatch(p[3], p[1], p[2], s[0], s[1], s[2], s[3], s[4]);
 }
 
 extern "C" int64_t pi_index_put_add(void* out, const void* v, const void* idx, int64_t it,
                                     int64_t dt, int64_t n, int64_t rows, int64_t w) {
-  return it ? pi_run(out, v, (const int32_t*)idx, dt, n, rows, w)
-            : pi_run(out, v, (const int64_t*)idx, dt, n, rows, w);
+  return pi_dispatch(out, v, idx, it, dt, n, rows, w);
 }
 """
 _function = None
