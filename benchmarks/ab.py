@@ -63,6 +63,9 @@ def run(switch: str, models: list[str], mode: str, rounds: int) -> None:
     mod = importlib.import_module(modname)
     old = getattr(mod, attr)
     torch.set_num_threads(1)
+    # each variant's backend callable is a new compile of the model's frames: past Dynamo's
+    # default limit of 8 a model with several graphs would run its frames eagerly
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for name in models:
         try:
             steps, results = _variants(name, mode, (mod, attr))
