@@ -58,6 +58,25 @@ def test_middle_and_block_kept_dims(dtype, run_both, built):
     _native(built)
 
 
+def _per_sample_scale(x, s, w):  # an input broadcast over H, W but not over N and C
+    return (x * s).sum([0, 2, 3]), torch.relu(x * s + w).mean([0, 2, 3], keepdim=True)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["odd", "hw1", "long"])
+def test_inputs_broadcast_along_the_inner_run(shape, run_both, built, threads):
+    # read once per pass, before the run's loop (emit_rows.HOIST_BROADCAST_LOADS): at the
+    # pass's outer index, not the first sample's (ResNet's conv weight gradients were wrong)
+    n, c = shape[:2]
+    for nt in (1, 2):
+        threads(nt)
+        g = torch.Generator().manual_seed(nt + 11)
+        x = torch.randn(*shape, generator=g)
+        s, w = torch.randn(n, c, 1, 1, generator=g), torch.randn(n, 1, 1, 1, generator=g)
+        run_both(_per_sample_scale, x, s, w)
+        torch._dynamo.reset()
+    _native(built)
+
+
 def test_dynamic_shapes(run_both, built):
     g = torch.Generator().manual_seed(3)
     for shape in [(3, 5, 7, 9), (2, 5, 4, 6), (5, 5, 3, 3)]:

@@ -678,7 +678,9 @@ class RowEmitter:
                     or k in self.staged or k in self.row_staged:
                 continue
             spec = p.input_specs[p.accesses[k].input]
-            rhs = load(f"in{p.accesses[k].input}[b{k}]", spec.dtype)
+            # the fast path's own offset: a mixed reduction's pass adds its outer index's
+            rhs = load(f"in{p.accesses[k].input}[b{k} + {self.col_offset(k, 'fast')}]",
+                       spec.dtype)
             t = ctype(x.dtype)
             self.w(f"      const {t} {self.var(x)} = {lo} < {hi} ? ({t})({rhs}) : ({t})0;")
             self.hoisted.add(x.id)
