@@ -259,17 +259,16 @@ chain. tests/test_decompositions.py checks SDPA causal, boolean-masked and addit
 forward and backward, fp32 and bf16 autocast, against eager.
 
 **Kernels on the reference executor** (lowered tile ops run through their ATen op by the
-reference executor, not as generated C++; results are eager's own):
-- `a reshape inside the tile changes its last dim ([2, 16] vs columns of 32)`: one small
-  tile per causal-LM forward over the [batch, seq] = [2, 16] inputs (mask / position
-  preparation), reshaped across the tile's last dim, which the row emitter only splits.
-
-Gradients summed over leading dims through a view no longer run there (LLaMA, Qwen2 and
-Mistral's GQA `repeat_kv` backward into RoPE's: a view of a computed value that only adds
-or removes 1s is native inside a column reduction). Nor do writes at data-dependent positions: embedding backward's
-`index_put(accumulate=True)` is a native loop (codegen/cpp/index_put.py) and cross-entropy's
-backward scatter an elementwise `where`. Nor do ResNet's BatchNorm training statistics
-and their backward sums (over N, H, W of an NCHW tensor, C kept: codegen/cpp/emit_mixed.py).
+reference executor, not as generated C++; results are eager's own): none in any zoo graph.
+The last ones were a causal-LM forward's small tile over the [batch, seq] inputs, reshaped
+across its last dim (a row kernel now admits a value only when its last dim splits into
+the rows: `fusion/capacity.ROW_LAST_DIM_SPLITS`), LLaMA, Qwen2 and Mistral's GQA
+`repeat_kv` backward into RoPE's (a view of a computed value that only adds or removes 1s
+is native inside a column reduction), and ResNet's BatchNorm training statistics and their
+backward sums (over N, H, W of an NCHW tensor, C kept: codegen/cpp/emit_mixed.py). Writes
+at data-dependent positions are native too: embedding backward's
+`index_put(accumulate=True)` is a native loop (codegen/cpp/index_put.py) and
+cross-entropy's backward scatter an elementwise `where`.
 
 **Graphs run eagerly.** None: no zoo graph has data-dependent sizes. A graph that has them
 (`nonzero` under Dynamo's `capture_dynamic_output_shape_ops`) runs eagerly, and the report's
