@@ -107,19 +107,24 @@ def run_both():
     return run
 
 
-@pytest.fixture
-def built(monkeypatch):
-    """(tile, kernel) of every tile the cpu target builds during the test."""
+def _spy_builds(monkeypatch, record) -> None:
+    """Call ``record(tiles, kernels)`` for every batch of tiles the cpu target builds."""
     from pypto_inductor.codegen import cpp
-    out = []
     real = cpp.build_many
 
     def spy(tiles, graph):
         kernels = real(tiles, graph)
-        out.extend(zip(tiles, kernels))
+        record(tiles, kernels)
         return kernels
 
     monkeypatch.setattr(cpp, "build_many", spy)
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """(tile, kernel) of every tile the cpu target builds during the test."""
+    out = []
+    _spy_builds(monkeypatch, lambda tiles, kernels: out.extend(zip(tiles, kernels)))
     return out
 
 
@@ -128,15 +133,8 @@ def sources(monkeypatch):
     """The C++ source of every native kernel the cpu target builds during the test."""
     from pypto_inductor.codegen import cpp
     out = []
-    real = cpp.build_many
-
-    def spy(tiles, graph):
-        kernels = real(tiles, graph)
-        out.extend(cpp.generate_source(k.program) for k in kernels
-                   if getattr(k, "native", False))
-        return kernels
-
-    monkeypatch.setattr(cpp, "build_many", spy)
+    _spy_builds(monkeypatch, lambda tiles, kernels: out.extend(
+        cpp.generate_source(k.program) for k in kernels if getattr(k, "native", False)))
     return out
 
 
