@@ -1,0 +1,485 @@
+"""SDPA's forward on the cpu target: a native flash-attention kernel in ATen's contract.
+
+Every transformers model reaches the graph with ``aten._scaled_dot_product_flash_attention_for_cpu``
+(lowering/attention.py rewrites written-out attention into it), an extern op: ATen's own
+flash kernel ran it, ~350 us per call at the zoo's shape (B=4, H=4, S=128, D=16; 44% of
+BERT's compiled forward), and Inductor calls the same kernel. This module is a native
+forward with the same contract (``(query, key, value, dropout_p, is_causal, *, attn_mask,
+scale) -> (output, logsumexp)``), so ATen's own backward takes its ``(out, lse)``:
+
+- output allocated as ``torch.empty_like(query)`` (ATen's strides, which the graph code's
+  views were planned from), logsumexp float32 ``[B, H, Lq]`` over strides ``(Lq*H, 1, H)``
+  (ATen's: physically ``[B, Lq, H]``); a fully masked row gives 0 and logsumexp ATen's value;
+- fp32 math for every dtype (bf16 / fp16 loads and stores convert), scale ``1/sqrt(D)``
+  by default, causal top-left (key j seen by query i when ``j <= i``, ATen CPU's rule),
+  additive float masks of the query's dtype broadcast by stride 0 (ATen refuses others);
+- inputs read through their strides (views, GQA's expanded K/V): nothing copied.
+
+The kernel: one work item per (batch, head, block of 64 queries) under ``omp parallel
+for``; per block of 128 keys, K^T and V are packed as fp32 (zero-padded to a multiple of 16
+in the head dim), scores come from a register tile of RT rows x 16/RT vectors of 16 keys,
+the online softmax rescales the running output (exp: the prelude's vectorised ``pi_exp``),
+and P V is a register tile of RT rows x D/16 vectors. Head dims up to 128 are templates
+on D/16; larger ones, dropout and other dtypes keep ATen (``NATIVE_EXTERNS``'s binder says
+why, and the fusion report lists it per SDPA call).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+
+import torch
+
+from . import compiler, native_call
+from .prelude import PRELUDE
+
+NATIVE_ATTENTION = True  # the benchmarks' switch: False keeps ATen's flash kernel
+DTYPES = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 3}
+MAX_HEAD_DIM = 128  # D/16 vectors up to 8 (templates below)
+_aten = torch.ops.aten
+_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+
+SOURCE = PRELUDE + r"""
+#include <limits>
+typedef float pa_v16 __attribute__((vector_size(64)));
+static const int PA_BQ = 64;   // queries per work item
+static const int PA_BK = 128;  // keys per packed block
+
+template <int DT> struct PaT;
+template <> struct PaT<0> {
+  typedef float T;
+  static inline __attribute__((always_inline)) float ld(float x) { return x; }
+  static inline __attribute__((always_inline)) float st(float x) { return x; }
+};
+template <> struct PaT<2> {
+  typedef uint16_t T;
+  static inline __attribute__((always_inline)) float ld(uint16_t x) { return ld_bf16(x); }
+  static inline __attribute__((always_inline)) uint16_t st(float x) { return st_bf16(x); }
+};
+template <> struct PaT<3> {
+  typedef uint16_t T;
+  static inline __attribute__((always_inline)) float ld(uint16_t x) { return ld_f16(x); }
+  static inline __attribute__((always_inline)) uint16_t st(float x) { return st_f16(x); }
+};
+
+struct PaArgs {
+  int64_t B, H, Lq, Lk, D, causal, has_mask;
+  float scale;
+  const int64_t *qs, *ks, *vs, *ms, *os, *ls;  // element strides (b, h, row, d)
+};
+
+// exp(x) for x <= 0 (a score minus its row's max): pi_exp's reduction and polynomial, 2^n
+// one factor (x >= -87.3: n >= -126, no denormal scaling), 0 below -87.3 (-inf: masked)
+static inline __attribute__((always_inline)) float pa_exp(float x) {
+  const float xc = x < -87.3f ? -87.3f : x;
+  const float n = PI_FMA(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  const float r = PI_FMA(n, 2.12194440e-4f, PI_FMA(-n, 0.693359375f, xc));
+  const float e = pi_exp_poly(r) * pi_f((uint32_t)((int32_t)n + 127) << 23);
+  return x < -87.3f ? 0.0f : e;
+}
+
+// K^T and V of keys [0, nk) of one head as fp32: Kt block-major ([block][DP][PA_BK]), Vp
+// [key][DP], zero-padded to whole register tiles and to DP
+template <int DT, int NV>
+static void pa_pack_kv(const typename PaT<DT>::T* k, const typename PaT<DT>::T* v,
+                       const PaArgs& a, int64_t nk, int64_t nkp, float* Kt, float* Vp) {
+  typedef typename PaT<DT>::T T;
+  constexpr int DP = NV * 16;
+  const int64_t D = a.D, ks2 = a.ks[2], ks3 = a.ks[3], vs2 = a.vs[2], vs3 = a.vs[3];
+  for (int64_t j = 0; j < nkp; ++j) {
+    float* kt = Kt + (j / PA_BK) * DP * PA_BK + (j % PA_BK);
+    float* vp = Vp + j * DP;
+    if (j >= nk) {
+      for (int d = 0; d < DP; ++d) { kt[d * PA_BK] = 0.0f; vp[d] = 0.0f; }
+      continue;
+    }
+    const T* kr = k + j * ks2;
+    const T* vr = v + j * vs2;
+    float row[DP];
+    if (ks3 == 1) {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) row[d] = PaT<DT>::ld(kr[d]);
+    } else {
+      for (int64_t d = 0; d < D; ++d) row[d] = PaT<DT>::ld(kr[d * ks3]);
+    }
+    for (int64_t d = D; d < DP; ++d) row[d] = 0.0f;
+#pragma GCC unroll 16
+    for (int d = 0; d < DP; ++d) kt[d * PA_BK] = row[d];
+    if (vs3 == 1) {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) vp[d] = PaT<DT>::ld(vr[d]);
+    } else {
+      for (int64_t d = 0; d < D; ++d) vp[d] = PaT<DT>::ld(vr[d * vs3]);
+    }
+    for (int64_t d = D; d < DP; ++d) vp[d] = 0.0f;
+  }
+}
+
+// one block of queries [i0, i0 + nq) of head (b, h) against the packed keys [0, kend)
+template <int DT, int NV, int RT>
+static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int64_t i0,
+                     const float* Kt, const float* Vp) {
+  typedef typename PaT<DT>::T T;
+  constexpr int DP = NV * 16, CV = 16 / RT, TK = CV * 16;
+  const T* q = (const T*)p[0] + b * a.qs[0] + h * a.qs[1];
+  const T* mk = a.has_mask ? (const T*)p[3] + b * a.ms[0] + h * a.ms[1] : nullptr;
+  T* o = (T*)p[4] + b * a.os[0] + h * a.os[1];
+  float* lse = (float*)p[5] + b * a.ls[0] + h * a.ls[1];
+  const int64_t D = a.D, nq = std::min<int64_t>(PA_BQ, a.Lq - i0);
+  alignas(64) float Qs[PA_BQ * DP];
+  alignas(64) float O[PA_BQ * DP];
+  alignas(64) float S[RT * PA_BK];
+  float m[PA_BQ], l[PA_BQ], alpha[RT];
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float scale = a.scale;
+  for (int64_t r = 0; r < PA_BQ; ++r) {
+    m[r] = ninf;
+    l[r] = 0.0f;
+    float* qs = Qs + r * DP;
+    const T* qr = q + (i0 + r) * a.qs[2];
+    if (r >= nq) {
+      for (int d = 0; d < DP; ++d) qs[d] = 0.0f;
+    } else if (a.qs[3] == 1) {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) qs[d] = PaT<DT>::ld(qr[d]) * scale;
+    } else {
+      for (int64_t d = 0; d < D; ++d) qs[d] = PaT<DT>::ld(qr[d * a.qs[3]]) * scale;
+    }
+    for (int64_t d = r < nq ? D : DP; d < DP; ++d) qs[d] = 0.0f;
+    for (int d = 0; d < DP; ++d) O[r * DP + d] = 0.0f;
+  }
+  // top-left causal: row i sees keys j <= i
+  const int64_t kend = a.causal ? std::min<int64_t>(a.Lk, i0 + nq) : a.Lk;
+  for (int64_t j0 = 0; j0 < kend; j0 += PA_BK) {
+    const int64_t nk = std::min<int64_t>(PA_BK, kend - j0);
+    const int64_t nkp = (nk + TK - 1) / TK * TK;
+    const float* kt = Kt + (j0 / PA_BK) * DP * PA_BK;
+    const float* vp = Vp + j0 * DP;
+    for (int64_t r0 = 0; r0 < nq; r0 += RT) {
+      // scores: RT rows x nkp keys, a register tile of RT x CV vectors
+      for (int64_t jv = 0; jv < nkp; jv += TK) {
+        pa_v16 acc[RT][CV];
+#pragma GCC unroll 16
+        for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+          for (int c = 0; c < CV; ++c) acc[r][c] = pa_v16{};
+        for (int d = 0; d < DP; ++d) {
+          pa_v16 kv[CV];
+#pragma GCC unroll 16
+          for (int c = 0; c < CV; ++c) kv[c] = *(const pa_v16*)&kt[d * PA_BK + jv + c * 16];
+#pragma GCC unroll 16
+          for (int r = 0; r < RT; ++r) {
+            const float qv = Qs[(r0 + r) * DP + d];
+#pragma GCC unroll 16
+            for (int c = 0; c < CV; ++c) acc[r][c] += qv * kv[c];
+          }
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+          for (int c = 0; c < CV; ++c) *(pa_v16*)&S[r * PA_BK + jv + c * 16] = acc[r][c];
+      }
+      // online softmax per row: mask and max, then exp and sum; S becomes P
+      for (int r = 0; r < RT; ++r) {
+        float* __restrict s = S + r * PA_BK;
+        const int64_t i = i0 + r0 + r;
+        const int64_t valid = r0 + r >= nq ? 0
+            : a.causal ? std::max<int64_t>(0, std::min<int64_t>(nk, i - j0 + 1)) : nk;
+        float mx = ninf;
+        if (mk != nullptr && valid > 0) {
+          const T* mr = mk + i * a.ms[2] + j0 * a.ms[3];
+          const int64_t st = a.ms[3];
+          if (st == 1) {
+#pragma omp simd reduction(max : mx)
+            for (int64_t j = 0; j < valid; ++j) {
+              const float x = s[j] + PaT<DT>::ld(mr[j]);
+              s[j] = x;
+              mx = x > mx ? x : mx;
+            }
+          } else {
+            for (int64_t j = 0; j < valid; ++j) {
+              const float x = s[j] + PaT<DT>::ld(mr[j * st]);
+              s[j] = x;
+              mx = x > mx ? x : mx;
+            }
+          }
+        } else {
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
+        }
+        const float mold = r0 + r < nq ? m[r0 + r] : ninf;
+        const float mnew = mx > mold ? mx : mold;
+        if (mnew == ninf) {  // every key so far masked (or a padding row): nothing adds up
+          alpha[r] = 1.0f;
+          for (int64_t j = 0; j < nk; ++j) s[j] = 0.0f;
+          continue;
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < valid; ++j) {
+          const float e = pa_exp(s[j] - mnew);
+          s[j] = e;
+          sum += e;
+        }
+        for (int64_t j = valid; j < nk; ++j) s[j] = 0.0f;
+        alpha[r] = pa_exp(mold - mnew);
+        l[r0 + r] = l[r0 + r] * alpha[r] + sum;
+        m[r0 + r] = mnew;
+      }
+      // O = O * alpha + P V: a register tile of RT rows x NV vectors
+      pa_v16 acc[RT][NV];
+#pragma GCC unroll 16
+      for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+        for (int c = 0; c < NV; ++c) acc[r][c] = *(const pa_v16*)&O[(r0 + r) * DP + c * 16] * alpha[r];
+      for (int64_t j = 0; j < nk; ++j) {
+        pa_v16 vv[NV];
+#pragma GCC unroll 16
+        for (int c = 0; c < NV; ++c) vv[c] = *(const pa_v16*)&vp[j * DP + c * 16];
+#pragma GCC unroll 16
+        for (int r = 0; r < RT; ++r) {
+          const float pv = S[r * PA_BK + j];
+#pragma GCC unroll 16
+          for (int c = 0; c < NV; ++c) acc[r][c] += pv * vv[c];
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+        for (int c = 0; c < NV; ++c) *(pa_v16*)&O[(r0 + r) * DP + c * 16] = acc[r][c];
+    }
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const int64_t i = i0 + r;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // a fully masked row: 0
+    T* orow = o + i * a.os[2];
+    if (a.os[3] == 1) {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) orow[d] = PaT<DT>::st(O[r * DP + d] * inv);
+    } else {
+      for (int64_t d = 0; d < D; ++d) orow[d * a.os[3]] = PaT<DT>::st(O[r * DP + d] * inv);
+    }
+    lse[i * a.ls[2]] = l[r] > 0.0f ? m[r] + std::log(l[r]) : PA_EMPTY_LSE;
+  }
+}
+
+// per thread: the packed K/V of the item it runs (grown, never shrunk)
+static thread_local float* pa_scratch = nullptr;
+static thread_local size_t pa_scratch_n = 0;
+
+static float* pa_buffer(size_t n) {
+  if (n > pa_scratch_n) {
+    free(pa_scratch);
+    pa_scratch = (float*)aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    pa_scratch_n = n;
+  }
+  return pa_scratch;
+}
+
+// work items: (batch, head, a run of query blocks); each packs the keys its queries see once
+template <int DT, int NV>
+static void pa_run(void* const* p, const PaArgs& a, int nt) {
+  typedef typename PaT<DT>::T T;
+  constexpr int RT = NV == 1 ? 8 : NV == 2 ? 8 : NV <= 4 ? 4 : 2;
+  constexpr int DP = NV * 16;
+  const int64_t nqb = (a.Lq + PA_BQ - 1) / PA_BQ, heads = a.B * a.H;
+  // query blocks per item: all of a head's, unless that leaves threads idle
+  int64_t per = nqb;
+  if (nt > 1 && heads < 4 * nt) per = std::max<int64_t>(1, nqb * heads / (4 * nt));
+  const int64_t runs = (nqb + per - 1) / per, items = heads * runs;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && items > 1)
+  for (int64_t t = 0; t < items; ++t) {
+    const int64_t run = t % runs, bh = t / runs, b = bh / a.H, h = bh % a.H;
+    const int64_t q0 = run * per * PA_BQ, q1 = std::min<int64_t>(a.Lq, q0 + per * PA_BQ);
+    const int64_t nk = a.causal ? std::min<int64_t>(a.Lk, q1) : a.Lk;
+    const int64_t nkp = (nk + PA_BK - 1) / PA_BK * PA_BK;
+    float* Kt = pa_buffer((size_t)(2 * nkp * DP));
+    float* Vp = Kt + nkp * DP;
+    pa_pack_kv<DT, NV>((const T*)p[1] + b * a.ks[0] + h * a.ks[1],
+                       (const T*)p[2] + b * a.vs[0] + h * a.vs[1], a, nk, nkp, Kt, Vp);
+    for (int64_t i0 = q0; i0 < q1; i0 += PA_BQ) pa_block<DT, NV, RT>(p, a, b, h, i0, Kt, Vp);
+  }
+}
+
+template <int DT>
+static void pa_dispatch(void* const* p, const PaArgs& a, int nt) {
+  switch ((a.D + 15) / 16) {
+    case 1: pa_run<DT, 1>(p, a, nt); break;
+    case 2: pa_run<DT, 2>(p, a, nt); break;
+    case 3: pa_run<DT, 3>(p, a, nt); break;
+    case 4: pa_run<DT, 4>(p, a, nt); break;
+    case 5: pa_run<DT, 5>(p, a, nt); break;
+    case 6: pa_run<DT, 6>(p, a, nt); break;
+    case 7: pa_run<DT, 7>(p, a, nt); break;
+    default: pa_run<DT, 8>(p, a, nt); break;
+  }
+}
+
+// native_call's convention: p = q, k, v, mask (q when none), out, lse;
+// s = dt, B, H, Lq, Lk, D, causal, has_mask, scale (float bits), then the strides:
+// q, k, v, mask, out (4 each), lse (3)
+extern "C" void pa_flash_forward(void* const* p, const int64_t*, const int64_t* s, int nt) {
+  PaArgs a;
+  a.B = s[1]; a.H = s[2]; a.Lq = s[3]; a.Lk = s[4]; a.D = s[5];
+  a.causal = s[6]; a.has_mask = s[7];
+  const uint32_t bits = (uint32_t)s[8];
+  memcpy(&a.scale, &bits, 4);
+  a.qs = s + 9; a.ks = s + 13; a.vs = s + 17; a.ms = s + 21; a.os = s + 25; a.ls = s + 29;
+  if (a.B * a.H * a.Lq == 0) return;
+  switch (s[0]) {
+    case 0: pa_dispatch<0>(p, a, nt); break;
+    case 2: pa_dispatch<2>(p, a, nt); break;
+    default: pa_dispatch<3>(p, a, nt); break;
+  }
+}
+"""
+# g++ fuses the tiles' multiply-adds (the kernels' default -ffp-contract=off keeps eager's
+# roundings elementwise; ATen's flash kernel is a GEMM with FMAs)
+_FLAGS = ("-ffp-contract=fast",)
+EMPTY_LSE = "0.0f"  # ATen's logsumexp of a fully masked row (tests/test_native_attention.py)
+
+_state: dict = {}
+
+
+def _kernel():
+    """(the extension's call, pa_flash_forward's address), or None without the extension."""
+    if "call" not in _state:
+        call = native_call.extension_call()
+        entry = None
+        if call is not None:
+            lib = compiler.load_library(SOURCE.replace("PA_EMPTY_LSE", EMPTY_LSE),
+                                        ("pa_flash_forward",), flags=_FLAGS)
+            entry = (call, ctypes.cast(lib.pa_flash_forward, ctypes.c_void_p).value)
+        _state["call"] = entry
+    return _state["call"]
+
+
+_scale_bits: dict = {}
+
+
+def _bits(scale: float) -> int:
+    """A float's bits as the kernel reads them (fp32, as ATen's kernel computes)."""
+    b = _scale_bits.get(scale)
+    if b is None:
+        b = _scale_bits[scale] = struct.unpack("<I", struct.pack("<f", scale))[0]
+    return b
+
+
+def unsupported(query, key, value, dropout_p=0.0, attn_mask=None) -> str | None:
+    """Why the native kernel cannot run these operands (None: it can); from tensors or
+    fake tensors (compile time)."""
+    if not NATIVE_ATTENTION:
+        return "NATIVE_ATTENTION is off"
+    if dropout_p:
+        return "dropout: ATen's kernel draws what eager draws"
+    if query.dtype not in DTYPES:
+        return f"dtype {query.dtype}"
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return "mixed dtypes"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return "not 4-d"
+    if query.device.type != "cpu":
+        return f"device {query.device.type}"
+    d = query.shape[-1]
+    if not isinstance(d, int) or d > MAX_HEAD_DIM or value.shape[-1] != d:
+        return f"head dim {d} (native: up to {MAX_HEAD_DIM}, static, equal for q/k/v)"
+    if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() > 4):
+        return f"mask of dtype {attn_mask.dtype} / {attn_mask.dim()} dims"
+    if _kernel() is None:
+        return "no native call extension (C++ compiler / Python headers)"
+    return None
+
+
+def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                  scale=None):
+    """``aten._scaled_dot_product_flash_attention_for_cpu`` natively where the kernel can
+    run it (else ATen's)."""
+    if unsupported(query, key, value, dropout_p, attn_mask) is not None:
+        return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return _run(query, key, value, is_causal, attn_mask, scale)
+
+
+def _mask_strides(mask, shape) -> tuple:
+    """The mask's strides broadcast to ``[B, H, Lq, Lk]`` (0 along size-1 / missing dims)."""
+    n = mask.dim()
+    sizes, strides = mask.shape, mask.stride()
+    out = [0, 0, 0, 0]
+    for i in range(n):
+        if sizes[i] != 1:
+            if sizes[i] != shape[4 - n + i]:
+                raise RuntimeError(f"attn_mask of shape {tuple(sizes)} does not broadcast to "
+                                   f"{tuple(shape)}")
+            out[4 - n + i] = strides[i]
+    return tuple(out)
+
+
+def _run(query, key, value, is_causal, attn_mask, scale):
+    call, address = _state["call"]
+    B, H, Lq, D = query.shape
+    Lk = key.shape[2]
+    out = torch.empty_like(query)
+    lse = torch.empty_strided((B, H, Lq), (Lq * H, 1, H), dtype=torch.float32)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if attn_mask is None:
+        mask, ms = query, (0, 0, 0, 0)
+    else:
+        mask, ms = attn_mask, _mask_strides(attn_mask, (B, H, Lq, Lk))
+    call(address, (query, key, value, mask, out, lse), 0,
+         (DTYPES[query.dtype], B, H, Lq, Lk, D, int(bool(is_causal)), int(attn_mask is not None),
+          _bits(scale), *query.stride(), *key.stride(), *value.stride(), *ms, *out.stride(),
+          *lse.stride()),
+         torch.get_num_threads())
+    return out, lse
+
+
+def bind_forward(step, specs) -> tuple:
+    """(the callable the graph runs for this SDPA extern step, why): the native kernel when
+    its operands qualify (fake-tensor specs: dtype, head dim, dropout, mask dtype), else
+    ATen's kernel with the reason."""
+    args = list(step.args) + [None] * (5 - len(step.args))
+    kwargs = step.kwargs
+    names = [getattr(a, "name", None) for a in args[:3]]
+    if any(n is None or n not in specs for n in names):
+        return None, "operands not tensors of the graph"
+    q, k, v = (specs[n] for n in names)
+    dropout = kwargs.get("dropout_p", args[3] if len(step.args) > 3 else 0.0)
+    mask = kwargs.get("attn_mask")
+    mspec = specs.get(getattr(mask, "name", None)) if mask is not None else None
+    if not isinstance(dropout, (int, float)):
+        return None, "symbolic dropout_p"
+    why = _unsupported_specs(q, k, v, dropout, mspec, mask is not None)
+    if why is not None:
+        return None, why
+    return flash_forward, (f"native flash-attention forward (codegen/cpp/attention.py, "
+                           f"D={int(q.shape[-1])}, {q.dtype}): fp32 online softmax, "
+                           "~2x ATen's flash kernel at the zoo's shape (docs/ARCHITECTURE.md)")
+
+
+def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:
+    if not NATIVE_ATTENTION:
+        return "NATIVE_ATTENTION is off"
+    if dropout:
+        return "dropout: ATen's kernel draws what eager draws"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (native: float32, bfloat16, float16)"
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return "not 4-d"
+    d = q.shape[-1]
+    try:
+        d = int(d)
+    except TypeError:
+        return "symbolic head dim"
+    if d > MAX_HEAD_DIM or d < 1:
+        return f"head dim {d} (native: up to {MAX_HEAD_DIM})"
+    if has_mask and (mspec is None or mspec.dtype != q.dtype or len(mspec.shape) > 4):
+        return "mask not a tensor of the query's dtype"
+    if _kernel() is None:
+        return "no native call extension (C++ compiler / Python headers)"
+    return None
+
+
+# extern ATen op -> binder(step, specs) -> (callable or None, reason): what the cpu target
+# runs instead of the op's ATen kernel (runtime.CompiledGraph._compile_step asks the target)
+NATIVE_EXTERNS = {_FLASH: bind_forward}
