@@ -105,7 +105,12 @@ class CompiledGraph:
         self.pool = alloc.POOL if config.keep_buffers and _use_count else None
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.pool_empty: set[str] = set()  # tiles whose outputs come from the pool
-        self.program = [(*self._compile_step(step, target), step) for step in plan.steps]
+        # extern op -> {"native": bool, "reason": str} where the target has a native kernel
+        # for it (cpu: codegen/cpp/attention.py's NATIVE_EXTERNS) and says which one runs
+        self.extern_native: dict[str, dict] = {}
+        steps = [self._bind_extern(s, target) if isinstance(s, ExternOp) else s
+                 for s in plan.steps]
+        self.program = [(*self._compile_step(step, target), step) for step in steps]
         # kernels of the size symbols alone: kept per sizes, so never pooled (graph.memo)
         self.memo = size_only_steps(graph, self.program, self.kernels)
         for i in self.memo:
@@ -145,6 +150,17 @@ class CompiledGraph:
             self.slot[name] = len(self.slot)
             out.append(self.slot[name])
         return out
+
+    def _bind_extern(self, step: ExternOp, target: Target) -> ExternOp:
+        """The extern step with the target's native kernel in place of its ATen op, when
+        the target has one and the operands qualify (the choice and why: extern_native)."""
+        choose = getattr(target, "native_extern", None)
+        choice = choose(step, self.plan.graph) if choose is not None else None
+        if choice is None:
+            return step
+        fn, reason = choice
+        self.extern_native[step.name] = {"native": fn is not None, "reason": reason}
+        return step if fn is None else dataclasses.replace(step, fn=fn)
 
     def _compile_step(self, step, target: Target):
         graph = self.plan.graph

@@ -75,6 +75,10 @@ class Target(Protocol):
     def build_many(self, tiles: list[FusionTile], graph: TileGraph) -> list:
         """Every tile's Kernel, or the exception its build raised."""
 
+    # Optional: ``native_extern(step, graph)`` -> (callable, why) to run an ExternOp with
+    # instead of its ATen kernel, (None, why not), or None (no native kernel for the op);
+    # runtime.CompiledGraph._bind_extern asks it (cpu: SDPA's flash forward).
+
 
 def build_each(build: Callable[[FusionTile, TileGraph], Kernel], tiles: list[FusionTile],
                graph: TileGraph) -> list:

@@ -94,6 +94,8 @@ class GraphReport:
             "num_ops": len(graph.nodes),
             "fallback_ops": plan.extern_counts(),
             "extern_reasons": {n.name: f"{n.op_name}: {n.reason}" for n in plan.externs},
+            # per extern op with a native kernel on this target: which one ran and why
+            "extern_native": dict(self.compiled.extern_native) if self.compiled else {},
             "fusion_tiles": tiles,
             "decisions": [d.to_dict() for d in plan.decisions],
             "kernels_unfused": plan.unfused_cost["kernels"],

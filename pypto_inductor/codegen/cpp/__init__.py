@@ -25,7 +25,7 @@ from typing import Callable
 
 from ...ir import FusionTile, OpKind, TileGraph
 from .. import Kernel, reference
-from . import compiler, index_put, matmul
+from . import attention, compiler, index_put, matmul
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
 from .emit_mixed import MixedEmitter
@@ -46,6 +46,14 @@ warned_no_compiler = False  # the missing compiler is reported once per process
 def check_available() -> None:
     """The cpu target runs anywhere: without a C++ compiler, its tiles run the reference
     executor (with one warning)."""
+
+
+def native_extern(step, graph: TileGraph):
+    """(callable, why) to run an extern op with instead of its ATen kernel, (None, why not)
+    when this call's operands do not qualify, or None when the op has no native kernel
+    here (attention.NATIVE_EXTERNS: SDPA's flash forward)."""
+    binder = attention.NATIVE_EXTERNS.get(step.fn)
+    return None if binder is None else binder(step, graph.specs)
 
 
 def _reference(tile: FusionTile, graph: TileGraph, reason: str) -> Kernel:

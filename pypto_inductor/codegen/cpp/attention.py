@@ -31,6 +31,7 @@ import struct
 
 import torch
 
+from ...sizes import is_symbolic
 from . import compiler, native_call
 from .prelude import PRELUDE
 
@@ -384,7 +385,7 @@ def unsupported(query, key, value, dropout_p=0.0, attn_mask=None) -> str | None:
     d = query.shape[-1]
     if not isinstance(d, int) or d > MAX_HEAD_DIM or value.shape[-1] != d:
         return f"head dim {d} (native: up to {MAX_HEAD_DIM}, static, equal for q/k/v)"
-    if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() > 4):
+    if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() not in (2, 4)):
         return f"mask of dtype {attn_mask.dtype} / {attn_mask.dim()} dims"
     if _kernel() is None:
         return "no native call extension (C++ compiler / Python headers)"
@@ -398,6 +399,21 @@ def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mas
     if unsupported(query, key, value, dropout_p, attn_mask) is not None:
         return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return _run(query, key, value, is_causal, attn_mask, scale)
+
+
+def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                        scale=None):
+    """The graph's call (:func:`bind_forward` checked dtypes, dropout and mask from the fake
+    tensors): only the head dim, symbolic under ``dynamic=True``, is checked per call."""
+    d = query.shape[-1]
+    if d > MAX_HEAD_DIM or value.shape[-1] != d:
+        return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return _run(query, key, value, is_causal, attn_mask, scale)
+
+
+# the graph code reads an extern's schema (fresh results, no input written: buffer reuse,
+# codegen/graph/buffers.py); this kernel's contract is the ATen op's
+flash_forward._schema = flash_forward_bound._schema = _FLASH._schema
 
 
 def _mask_strides(mask, shape) -> tuple:
@@ -452,8 +468,8 @@ def bind_forward(step, specs) -> tuple:
     why = _unsupported_specs(q, k, v, dropout, mspec, mask is not None)
     if why is not None:
         return None, why
-    return flash_forward, (f"native flash-attention forward (codegen/cpp/attention.py, "
-                           f"D={int(q.shape[-1])}, {q.dtype}): fp32 online softmax, "
+    return flash_forward_bound, (f"native flash-attention forward (codegen/cpp/attention.py, "
+                                 f"D={q.shape[-1]}, {q.dtype}): fp32 online softmax, "
                            "~2x ATen's flash kernel at the zoo's shape (docs/ARCHITECTURE.md)")
 
 
@@ -467,13 +483,9 @@ def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:
     if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
         return "not 4-d"
     d = q.shape[-1]
-    try:
-        d = int(d)
-    except TypeError:
-        return "symbolic head dim"
-    if d > MAX_HEAD_DIM or d < 1:
+    if not is_symbolic(d) and int(d) > MAX_HEAD_DIM:  # symbolic: checked per call
         return f"head dim {d} (native: up to {MAX_HEAD_DIM})"
-    if has_mask and (mspec is None or mspec.dtype != q.dtype or len(mspec.shape) > 4):
+    if has_mask and (mspec is None or mspec.dtype != q.dtype or len(mspec.shape) not in (2, 4)):
         return "mask not a tensor of the query's dtype"
     if _kernel() is None:
         return "no native call extension (C++ compiler / Python headers)"
