@@ -134,7 +134,8 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
   float m[PA_BQ], l[PA_BQ], alpha[RT];
   const float ninf = -std::numeric_limits<float>::infinity();
   const float scale = a.scale;
-  for (int64_t r = 0; r < PA_BQ; ++r) {
+  const int64_t nqr = (nq + RT - 1) / RT * RT;  // the rows the register tiles read
+  for (int64_t r = 0; r < nqr; ++r) {
     m[r] = ninf;
     l[r] = 0.0f;
     float* qs = Qs + r * DP;
@@ -154,12 +155,15 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
   const int64_t kend = a.causal ? std::min<int64_t>(a.Lk, i0 + nq) : a.Lk;
   for (int64_t j0 = 0; j0 < kend; j0 += PA_BK) {
     const int64_t nk = std::min<int64_t>(PA_BK, kend - j0);
-    const int64_t nkp = (nk + TK - 1) / TK * TK;
     const float* kt = Kt + (j0 / PA_BK) * DP * PA_BK;
     const float* vp = Vp + j0 * DP;
     for (int64_t r0 = 0; r0 < nq; r0 += RT) {
+      // causal: the tile's rows see keys up to i0 + r0 + RT - 1 (none of this block: skip)
+      const int64_t nkt = a.causal ? std::min<int64_t>(nk, i0 + r0 + RT - j0) : nk;
+      if (nkt <= 0) continue;
+      const int64_t nkpt = (nkt + TK - 1) / TK * TK;
       // scores: RT rows x nkp keys, a register tile of RT x CV vectors
-      for (int64_t jv = 0; jv < nkp; jv += TK) {
+      for (int64_t jv = 0; jv < nkpt; jv += TK) {
         pa_v16 acc[RT][CV];
 #pragma GCC unroll 16
         for (int r = 0; r < RT; ++r)
@@ -213,7 +217,7 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
         const float mnew = mx > mold ? mx : mold;
         if (mnew == ninf) {  // every key so far masked (or a padding row): nothing adds up
           alpha[r] = 1.0f;
-          for (int64_t j = 0; j < nk; ++j) s[j] = 0.0f;
+          for (int64_t j = 0; j < nkt; ++j) s[j] = 0.0f;
           continue;
         }
         float sum = 0.0f;
@@ -223,7 +227,7 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
           s[j] = e;
           sum += e;
         }
-        for (int64_t j = valid; j < nk; ++j) s[j] = 0.0f;
+        for (int64_t j = valid; j < nkt; ++j) s[j] = 0.0f;
         alpha[r] = pa_exp(mold - mnew);
         l[r0 + r] = l[r0 + r] * alpha[r] + sum;
         m[r0 + r] = mnew;
@@ -234,7 +238,7 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
       for (int r = 0; r < RT; ++r)
 #pragma GCC unroll 16
         for (int c = 0; c < NV; ++c) acc[r][c] = *(const pa_v16*)&O[(r0 + r) * DP + c * 16] * alpha[r];
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = 0; j < nkt; ++j) {
         pa_v16 vv[NV];
 #pragma GCC unroll 16
         for (int c = 0; c < NV; ++c) vv[c] = *(const pa_v16*)&vp[j * DP + c * 16];
@@ -283,7 +287,7 @@ template <int DT, int NV>
 static void pa_run(void* const* p, const PaArgs& a, int nt) {
   typedef typename PaT<DT>::T T;
   constexpr int RT = NV == 1 ? 8 : NV == 2 ? 8 : NV <= 4 ? 4 : 2;
-  constexpr int DP = NV * 16;
+  constexpr int DP = NV * 16, TK = 16 / RT * 16;
   const int64_t nqb = (a.Lq + PA_BQ - 1) / PA_BQ, heads = a.B * a.H;
   // query blocks per item: all of a head's, unless that leaves threads idle
   int64_t per = nqb;
@@ -294,9 +298,10 @@ static void pa_run(void* const* p, const PaArgs& a, int nt) {
     const int64_t run = t % runs, bh = t / runs, b = bh / a.H, h = bh % a.H;
     const int64_t q0 = run * per * PA_BQ, q1 = std::min<int64_t>(a.Lq, q0 + per * PA_BQ);
     const int64_t nk = a.causal ? std::min<int64_t>(a.Lk, q1) : a.Lk;
-    const int64_t nkp = (nk + PA_BK - 1) / PA_BK * PA_BK;
-    float* Kt = pa_buffer((size_t)(2 * nkp * DP));
-    float* Vp = Kt + nkp * DP;
+    const int64_t nkb = (nk + PA_BK - 1) / PA_BK * PA_BK;  // Kt's whole blocks
+    const int64_t nkp = (nk + TK - 1) / TK * TK;  // the keys the score tiles read
+    float* Kt = pa_buffer((size_t)(2 * nkb * DP));
+    float* Vp = Kt + nkb * DP;
     pa_pack_kv<DT, NV>((const T*)p[1] + b * a.ks[0] + h * a.ks[1],
                        (const T*)p[2] + b * a.vs[0] + h * a.vs[1], a, nk, nkp, Kt, Vp);
     for (int64_t i0 = q0; i0 < q1; i0 += PA_BQ) pa_block<DT, NV, RT>(p, a, b, h, i0, Kt, Vp);
