@@ -403,7 +403,7 @@ def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mas
     run it (else ATen's)."""
     if unsupported(query, key, value, dropout_p, attn_mask) is not None:
         return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    return _run(query, key, value, is_causal, attn_mask, scale)
+    return run_kernel(query, key, value, is_causal, attn_mask, scale)
 
 
 def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
@@ -413,7 +413,7 @@ def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, at
     d = query.shape[-1]
     if d > MAX_HEAD_DIM or value.shape[-1] != d:
         return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    return _run(query, key, value, is_causal, attn_mask, scale)
+    return run_kernel(query, key, value, is_causal, attn_mask, scale)
 
 
 # the graph code reads an extern's schema (fresh results, no input written: buffer reuse,
@@ -435,7 +435,8 @@ def _mask_strides(mask, shape) -> tuple:
     return tuple(out)
 
 
-def _run(query, key, value, is_causal, attn_mask, scale):
+def run_kernel(query, key, value, is_causal, attn_mask, scale):
+    """The native kernel on operands :func:`unsupported` accepted: (output, logsumexp)."""
     call, address = _state["call"]
     B, H, Lq, D = query.shape
     Lk = key.shape[2]
