@@ -80,6 +80,25 @@ static inline __attribute__((always_inline)) float pa_exp(float x) {
   return x < -87.3f ? 0.0f : e;
 }
 
+typedef int pa_i16 __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) float pa_hsum(pa_v16 v) {
+  v += __builtin_shuffle(v, pa_i16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  v += __builtin_shuffle(v, pa_i16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  v += __builtin_shuffle(v, pa_i16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  v += __builtin_shuffle(v, pa_i16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return v[0];
+}
+static inline __attribute__((always_inline)) pa_v16 pa_vmax(pa_v16 a, pa_v16 b) {
+  return a > b ? a : b;
+}
+static inline __attribute__((always_inline)) float pa_hmax(pa_v16 v) {
+  v = pa_vmax(v, __builtin_shuffle(v, pa_i16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+  v = pa_vmax(v, __builtin_shuffle(v, pa_i16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+  v = pa_vmax(v, __builtin_shuffle(v, pa_i16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+  v = pa_vmax(v, __builtin_shuffle(v, pa_i16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+  return v[0];
+}
+
 // K^T and V of keys [0, nk) of one head as fp32: Kt block-major ([block][DP][PA_BK]), Vp
 // [key][DP], zero-padded to whole register tiles and to DP
 template <int DT, int NV>
@@ -191,28 +210,26 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
         const int64_t i = i0 + r0 + r;
         const int64_t valid = r0 + r >= nq ? 0
             : a.causal ? std::max<int64_t>(0, std::min<int64_t>(nk, i - j0 + 1)) : nk;
-        float mx = ninf;
         if (mk != nullptr && valid > 0) {
           const T* mr = mk + i * a.ms[2] + j0 * a.ms[3];
           const int64_t st = a.ms[3];
           if (st == 1) {
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < valid; ++j) {
-              const float x = s[j] + PaT<DT>::ld(mr[j]);
-              s[j] = x;
-              mx = x > mx ? x : mx;
-            }
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) s[j] += PaT<DT>::ld(mr[j]);
           } else {
-            for (int64_t j = 0; j < valid; ++j) {
-              const float x = s[j] + PaT<DT>::ld(mr[j * st]);
-              s[j] = x;
-              mx = x > mx ? x : mx;
-            }
+            for (int64_t j = 0; j < valid; ++j) s[j] += PaT<DT>::ld(mr[j * st]);
           }
-        } else {
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
         }
+        // whole vectors (the tile's width is a multiple of 16): -inf past the row's keys,
+        // so the max ignores them and their exp is 0; reductions as vector trees
+        const int64_t v16 = (valid + 15) / 16 * 16;
+        for (int64_t j = valid; j < v16; ++j) s[j] = ninf;
+        pa_v16 vm = pa_v16{} + ninf;
+        for (int64_t j = 0; j < v16; j += 16) {
+          const pa_v16 x = *(const pa_v16*)&s[j];
+          vm = x > vm ? x : vm;
+        }
+        const float mx = pa_hmax(vm);
         const float mold = r0 + r < nq ? m[r0 + r] : ninf;
         const float mnew = mx > mold ? mx : mold;
         if (mnew == ninf) {  // every key so far masked (or a padding row): nothing adds up
@@ -220,14 +237,12 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
           for (int64_t j = 0; j < nkt; ++j) s[j] = 0.0f;
           continue;
         }
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < valid; ++j) {
-          const float e = pa_exp(s[j] - mnew);
-          s[j] = e;
-          sum += e;
-        }
-        for (int64_t j = valid; j < nkt; ++j) s[j] = 0.0f;
+#pragma omp simd
+        for (int64_t j = 0; j < v16; ++j) s[j] = pa_exp(s[j] - mnew);
+        pa_v16 vs = pa_v16{};
+        for (int64_t j = 0; j < v16; j += 16) vs += *(const pa_v16*)&s[j];
+        const float sum = pa_hsum(vs);
+        for (int64_t j = v16; j < nkt; ++j) s[j] = 0.0f;
         alpha[r] = pa_exp(mold - mnew);
         l[r0 + r] = l[r0 + r] * alpha[r] + sum;
         m[r0 + r] = mnew;
