@@ -118,6 +118,19 @@ def test_gqa_expanded_and_strided_views_are_read_in_place():
     assert out.stride() == qt.stride()  # empty_like(query), as ATen
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_fewer_kv_heads(causal):
+    """ATen's kernel takes K/V with fewer heads (query head h reads K/V head h // group):
+    LLaMA's decode steps reach it so."""
+    q = _qkv(2, 4, 10, 10, 16, seed=16)[0]
+    k, v = _qkv(2, 2, 11, 11, 16, seed=17)[1:]
+    _check(q, k, v, is_causal=causal)
+    _check(q[:, :, :1], k, v)
+    out, _ = attention.flash_forward(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads(threads):
     old = torch.get_num_threads()
@@ -202,7 +215,7 @@ def test_switch_off_keeps_aten_and_reports_why(monkeypatch):
     assert [e["reason"] for e in native.values()] == ["NATIVE_ATTENTION is off"]
 
 
-@pytest.mark.parametrize("name", ["bert", "llama"])
+@pytest.mark.parametrize("name", ["bert", "llama"])  # llama: GQA
 def test_zoo_model_forward_uses_native_kernel(name, monkeypatch):
     calls = _spy(monkeypatch)
     torch._dynamo.reset()

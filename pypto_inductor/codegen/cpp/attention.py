@@ -65,7 +65,7 @@ template <> struct PaT<3> {
 };
 
 struct PaArgs {
-  int64_t B, H, Lq, Lk, D, causal, has_mask;
+  int64_t B, H, Lq, Lk, D, causal, has_mask, group;  // group: query heads per K/V head
   float scale;
   const int64_t *qs, *ks, *vs, *ms, *os, *ls;  // element strides (b, h, row, d)
 };
@@ -317,8 +317,9 @@ static void pa_run(void* const* p, const PaArgs& a, int nt) {
     const int64_t nkp = (nk + TK - 1) / TK * TK;  // the keys the score tiles read
     float* Kt = pa_buffer((size_t)(2 * nkb * DP));
     float* Vp = Kt + nkb * DP;
-    pa_pack_kv<DT, NV>((const T*)p[1] + b * a.ks[0] + h * a.ks[1],
-                       (const T*)p[2] + b * a.vs[0] + h * a.vs[1], a, nk, nkp, Kt, Vp);
+    const int64_t hk = h / a.group;  // GQA: K/V heads shared by `group` query heads
+    pa_pack_kv<DT, NV>((const T*)p[1] + b * a.ks[0] + hk * a.ks[1],
+                       (const T*)p[2] + b * a.vs[0] + hk * a.vs[1], a, nk, nkp, Kt, Vp);
     for (int64_t i0 = q0; i0 < q1; i0 += PA_BQ) pa_block<DT, NV, RT>(p, a, b, h, i0, Kt, Vp);
   }
 }
@@ -339,7 +340,7 @@ static void pa_dispatch(void* const* p, const PaArgs& a, int nt) {
 
 // native_call's convention: p = q, k, v, mask (q when none), out, lse;
 // s = dt, B, H, Lq, Lk, D, causal, has_mask, scale (float bits), then the strides:
-// q, k, v, mask, out (4 each), lse (3)
+// q, k, v, mask, out (4 each), lse (3), then query heads per K/V head
 extern "C" void pa_flash_forward(void* const* p, const int64_t*, const int64_t* s, int nt) {
   PaArgs a;
   a.B = s[1]; a.H = s[2]; a.Lq = s[3]; a.Lk = s[4]; a.D = s[5];
@@ -347,6 +348,7 @@ extern "C" void pa_flash_forward(void* const* p, const int64_t*, const int64_t* 
   const uint32_t bits = (uint32_t)s[8];
   memcpy(&a.scale, &bits, 4);
   a.qs = s + 9; a.ks = s + 13; a.vs = s + 17; a.ms = s + 21; a.os = s + 25; a.ls = s + 29;
+  a.group = s[32];
   if (a.B * a.H * a.Lq == 0) return;
   switch (s[0]) {
     case 0: pa_dispatch<0>(p, a, nt); break;
@@ -405,6 +407,8 @@ def unsupported(query, key, value, dropout_p=0.0, attn_mask=None) -> str | None:
     d = query.shape[-1]
     if not isinstance(d, int) or d > MAX_HEAD_DIM or value.shape[-1] != d:
         return f"head dim {d} (native: up to {MAX_HEAD_DIM}, static, equal for q/k/v)"
+    if _heads_mismatch(query, key, value):
+        return "query heads not a multiple of K/V heads"
     if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() not in (2, 4)):
         return f"mask of dtype {attn_mask.dtype} / {attn_mask.dim()} dims"
     if _kernel() is None:
@@ -426,7 +430,7 @@ def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, at
     """The graph's call (:func:`bind_forward` checked dtypes, dropout and mask from the fake
     tensors): only the head dim, symbolic under ``dynamic=True``, is checked per call."""
     d = query.shape[-1]
-    if d > MAX_HEAD_DIM or value.shape[-1] != d:
+    if d > MAX_HEAD_DIM or value.shape[-1] != d or _heads_mismatch(query, key, value):
         return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return run_kernel(query, key, value, is_causal, attn_mask, scale)
 
@@ -434,6 +438,14 @@ def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, at
 # the graph code reads an extern's schema (fresh results, no input written: buffer reuse,
 # codegen/graph/buffers.py); this kernel's contract is the ATen op's
 flash_forward._schema = flash_forward_bound._schema = _FLASH._schema
+
+
+def _heads_mismatch(query, key, value) -> bool:
+    """Whether K/V's heads differ or do not divide the query's (GQA: ATen's kernel maps
+    query head h to K/V head h // (H / Hkv); anything else is ATen's to reject)."""
+    hk = key.shape[1]
+    return value.shape[1] != hk or hk == 0 or query.shape[1] % hk != 0 \
+        or key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]
 
 
 def _mask_strides(mask, shape) -> tuple:
@@ -466,7 +478,7 @@ def run_kernel(query, key, value, is_causal, attn_mask, scale):
     call(address, (query, key, value, mask, out, lse), 0,
          (DTYPES[query.dtype], B, H, Lq, Lk, D, int(bool(is_causal)), int(attn_mask is not None),
           _bits(scale), *query.stride(), *key.stride(), *value.stride(), *ms, *out.stride(),
-          *lse.stride()),
+          *lse.stride(), H // key.shape[1]),
          torch.get_num_threads())
     return out, lse
 
