@@ -13,7 +13,9 @@ scale) -> (output, logsumexp)``), so ATen's own backward takes its ``(out, lse)`
 - fp32 math for every dtype (bf16 / fp16 loads and stores convert), scale ``1/sqrt(D)``
   by default, causal top-left (key j seen by query i when ``j <= i``, ATen CPU's rule),
   additive float masks of the query's dtype broadcast by stride 0 (ATen refuses others);
-- inputs read through their strides (views, GQA's expanded K/V): nothing copied.
+- inputs read through their strides (views, GQA's expanded K/V): nothing copied; K/V with
+  fewer heads than the query (LLaMA's decode steps) as ATen: query head h reads K/V head
+  h // (H / Hkv).
 
 The kernel: one work item per (batch, head, block of 64 queries) under ``omp parallel
 for``; per block of 128 keys, K^T and V are packed as fp32 (zero-padded to a multiple of 16
