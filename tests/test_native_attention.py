@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor import zoo
+from pypto_inductor import FusionReport, zoo
 from pypto_inductor.codegen.cpp import attention
 from pypto_inductor.report import collect
 
@@ -213,6 +213,7 @@ def test_switch_off_keeps_aten_and_reports_why(monkeypatch):
     assert not calls
     native = graphs[0].to_dict()["extern_native"]
     assert [e["reason"] for e in native.values()] == ["NATIVE_ATTENTION is off"]
+    assert "ATen (NATIVE_ATTENTION is off)" in str(FusionReport(graphs))
 
 
 @pytest.mark.parametrize("name", ["bert", "llama"])  # llama: GQA

@@ -206,6 +206,8 @@ class FusionReport:
                                       maxcolwidths=[None, None, 70]))
             if g["fallback_ops"]:
                 lines.append("eager ops: " + ", ".join(f"{k} x{v}" for k, v in g["fallback_ops"].items()))
+            for name, e in g.get("extern_native", {}).items():  # which kernel ran each extern
+                lines.append(f"{name}: {'native' if e['native'] else 'ATen'} ({e['reason']})")
         s = d["summary"]
         lines += ["", "summary: " + ", ".join(f"{k}={v}" for k, v in s.items())]
         return "\n".join(lines)
