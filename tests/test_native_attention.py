@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from pypto_inductor import FusionReport, zoo
 from pypto_inductor.codegen.cpp import attention
 from pypto_inductor.report import collect
+from pypto_inductor.report.html import render
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -214,6 +215,8 @@ def test_switch_off_keeps_aten_and_reports_why(monkeypatch):
     native = graphs[0].to_dict()["extern_native"]
     assert [e["reason"] for e in native.values()] == ["NATIVE_ATTENTION is off"]
     assert "ATen (NATIVE_ATTENTION is off)" in str(FusionReport(graphs))
+    html = render(FusionReport(graphs))
+    assert "id='extern-native'" in html and "NATIVE_ATTENTION is off" in html
 
 
 @pytest.mark.parametrize("name", ["bert", "llama"])  # llama: GQA

@@ -106,6 +106,16 @@ def _summary(d: dict, report) -> str:
     out.append("<h3>Eager ops and why</h3>" + (
         f"<table class='small' id='eager-ops'><tr><th>op</th><th>count</th><th>why</th></tr>"
         f"{eager_rows}</table>" if eager_rows else "<p>none: every op runs in a kernel</p>"))
+    natives = {}  # extern ops with a native kernel on the target: which ran, why
+    for g in graphs:
+        for name, e in g.get("extern_native", {}).items():
+            key = ("native" if e["native"] else "ATen", e["reason"])
+            natives[key] = natives.get(key, 0) + 1
+    if natives:
+        out.append("<h3>Extern ops with a native kernel</h3><table class='small' "
+                   "id='extern-native'><tr><th>ran</th><th>count</th><th>why</th></tr>" + "".join(
+                       f"<tr><td>{esc(ran)}</td><td>{n}</td><td>{esc(why)}</td></tr>"
+                       for (ran, why), n in sorted(natives.items())) + "</table>")
     out.append("<h3>Kernels that did not build</h3>" + (
         "<ul id='failed-kernels'>" + "".join(f"<li>{esc(t)}: {esc(str(w))}</li>"
                                              for _, t, w in failed) + "</ul>"
