@@ -66,7 +66,7 @@ def _permuted_gather(ctx, x, dims) -> str | None:
             or any(u.op == "output" for u in ctx.node.users):  # a returned view keeps strides
         return None
     op = next((n for n in reversed(ctx.graph.nodes) if getattr(n, "name", None) == x), None)
-    if op is None or op.op != "gather":
+    if getattr(op, "op", None) != "gather":  # None, or an extern op (no tile op)
         return None
     inv = {m: k for k, m in enumerate(dims)}
     attrs = dict(op.attrs)
