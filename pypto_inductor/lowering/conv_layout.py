@@ -202,6 +202,9 @@ def _reduction(graph, node: fx.Node, back: dict):
         return None
     dims = [int(d) % 4 for d in dims]
     kept = [d for d in range(4) if d not in dims]
+    at = sorted(_TO_NHWC.index(d) for d in kept)
+    if at and at[-1] - at[0] != len(at) - 1:
+        return None  # kept dims apart in NHWC (N and C of a mean over H, W): stays NCHW
     if not keepdim and kept != sorted(kept, key=_TO_NHWC.index):
         return None  # the kept dims would come out in another order
     with graph.inserting_before(node):
