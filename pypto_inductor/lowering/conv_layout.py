@@ -165,11 +165,22 @@ def _nhwc(graph, a: fx.Node, back: dict) -> fx.Node:
     v = a.meta["val"]
     if v.dim() < 4:
         a = _call(graph, _aten.view.default, (a, [1] * (4 - v.dim()) + list(v.shape)))
-    return _call(graph, _aten.permute.default, (a, _TO_NHWC))
+    return _permute(graph, a, _TO_NHWC)
+
+
+def _permute(graph, a: fx.Node, dims: list[int]) -> fx.Node:
+    """``a.permute(dims)``; a view (reshape) where only dims of size 1 move, e.g. the
+    BatchNorm statistics [1, C, 1, 1]: a view joins the kernels either side, a permute
+    stops fusion (the statistics and the normalisation would be two kernels)."""
+    v = a.meta["val"]
+    big = [d for d in dims if not statically_known_true(v.shape[d] == 1)]
+    if big == sorted(big) and v.is_contiguous():
+        return _call(graph, _aten.view.default, (a, [v.shape[d] for d in dims]))
+    return _call(graph, _aten.permute.default, (a, dims))
 
 
 def _nchw(graph, node: fx.Node, new: fx.Node, back: dict) -> fx.Node:
-    out = _call(graph, _aten.permute.default, (new, _TO_NCHW))
+    out = _permute(graph, new, _TO_NCHW)
     back[out] = new
     node.replace_all_uses_with(out)
     graph.erase_node(node)
@@ -220,7 +231,8 @@ def _reduction(graph, node: fx.Node, back: dict):
         outs = []  # var_mean: (var, mean), each permuted back
         for i in range(len(node.meta["val"])):
             item = _call(graph, operator.getitem, (new, i))
-            outs.append(_call(graph, _aten.permute.default, (item, _TO_NCHW)))
+            outs.append(_permute(graph, item, _TO_NCHW))
+            back[outs[-1]] = item
         for user in list(node.users):
             if user.target is operator.getitem:
                 user.replace_all_uses_with(outs[user.args[1]])
