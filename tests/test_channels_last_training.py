@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from pypto_inductor import zoo
 from pypto_inductor.lowering import conv_layout, graph as lowering_graph
+from pypto_inductor.report import collect
 
 aten = torch.ops.aten
 FP32 = {"atol": 1e-4, "rtol": 1e-4}  # reordered fp32 sums through a few layers
@@ -72,7 +73,7 @@ def test_resnet_training_step_matches_eager(autocast, spy, built, switch):
     ref = copy.deepcopy(model)
     batch = zoo.batch("resnet", seed=5)
     compiled = torch.compile(model, backend="pypto")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), collect() as graphs:
         warnings.simplefilter("error", UserWarning)  # a graph that ran eagerly fails
         for _ in range(2):  # the second step reads the running statistics the first wrote
             model.zero_grad(set_to_none=True)
@@ -91,6 +92,11 @@ def test_resnet_training_step_matches_eager(autocast, spy, built, switch):
                "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"):
         assert spy.get(op) and all(spy[op]), (op, spy.get(op))
     _native(built)
+    # an op runs eagerly only where its eager kernel is the implementation chosen (the
+    # convolutions, pooling): the restriding of the channels-last mean and its backward lower
+    chosen = set(lowering_graph.EAGER_BY_CHOICE.values())
+    reasons = {r for g in graphs for r in g.to_dict()["extern_reasons"].values()}
+    assert all(r.partition(": ")[2] in chosen for r in reasons), reasons
 
 
 class _Toy(nn.Module):
