@@ -27,6 +27,7 @@ from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.attention import rewrite_attention
 from .lowering.conv import rewrite_convolutions
+from .lowering.conv_layout import compute_channels_last, use_channels_last
 from .lowering.cse import cse
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
@@ -83,6 +84,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         device = unsupported_device(gm, get_target(config.target))
         if device:
             raise GraphNotLowerable(device)
+        compute_channels_last(gm)
         graph = lower_graph(_cse(gm) if CSE_INFERENCE and name.endswith("_inference") else gm,
                             config, name)
     except GraphNotLowerable as e:
@@ -183,6 +185,8 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     # a convolution forced eager (fallback_ops) stays ATen's convolution
     convs = rewrite_convolutions(gm, example_inputs) if config.fusion and not \
         config.forced_fallback("aten.convolution.default") else []
+    if config.fusion and not convs:  # a training graph: convolutions channels-last
+        use_channels_last(gm, example_inputs)
     try:
         with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
             compiled = aot_autograd(

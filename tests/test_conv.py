@@ -173,3 +173,23 @@ def test_as_strided_lowers_only_where_it_moves_no_element():
     with torch.no_grad(), collect() as graphs:
         torch.testing.assert_close(torch.compile(moved, backend="pypto")(y), moved(y))
     assert [r for r in _extern_reasons(graphs) if "moves elements" in r]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_avg_pool_backward_lowers(dtype):
+    """The backward of the channels-last avg-pool's restriding (as_strided of zeros, then
+    as_strided_scatter over all of them) is a reshape: no extern, gradients as eager's."""
+    from pypto_inductor.report import collect
+    g = torch.Generator().manual_seed(4)
+    x0 = torch.randn(2, 32, 5, 7, generator=g).to(dtype).contiguous(
+        memory_format=torch.channels_last)
+    w = torch.randn(2, 32, generator=g).to(dtype)
+    pool = lambda x: (torch.flatten(F.adaptive_avg_pool2d(x * 2.0, 1), 1) * w).sum()  # noqa: E731
+    grads = []
+    with collect() as graphs:
+        for f in (torch.compile(pool, backend="pypto"), pool):
+            x = x0.clone().requires_grad_(True)
+            f(x).backward()
+            grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], **_tol(dtype))
+    assert not [r for r in _extern_reasons(graphs) if "as_strided" in r], _extern_reasons(graphs)

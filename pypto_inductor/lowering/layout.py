@@ -66,7 +66,7 @@ def _permuted_gather(ctx, x, dims) -> str | None:
             or any(u.op == "output" for u in ctx.node.users):  # a returned view keeps strides
         return None
     op = next((n for n in reversed(ctx.graph.nodes) if getattr(n, "name", None) == x), None)
-    if op is None or op.op != "gather":
+    if getattr(op, "op", None) != "gather":  # None, or an extern op (no tile op)
         return None
     inv = {m: k for k, m in enumerate(dims)}
     attrs = dict(op.attrs)
@@ -102,12 +102,37 @@ def lower_as_strided(ctx, x, size, stride, storage_offset=None):
     every dim longer than 1 (AOTAutograd adds one to give a keepdim reduction of a
     channels-last tensor eager's strides). Any other as_strided reads raw storage."""
     src, out = ctx.node.args[0].meta.get("val"), ctx.node.meta["val"]
+    if _contiguous_cover(src, out, storage_offset):  # a reshape (the restriding's backward)
+        return _view(ctx, "view", x, shape=ctx.out_spec.shape)
     dims = () if src is None else (*src.shape, *src.stride(), *out.shape, *out.stride())
     if (src is None or not all(isinstance(d, int) for d in dims) or storage_offset
             or src.storage_offset() != 0 or tuple(src.shape) != tuple(out.shape)
             or any(n != 1 and a != b for n, a, b in zip(out.shape, src.stride(), out.stride()))):
         raise Unsupported("as_strided that moves elements (reads raw storage): no tile form")
     return _view(ctx, "view", x, shape=ctx.out_spec.shape)
+
+
+def _contiguous_cover(src, out, storage_offset) -> bool:
+    """Whether ``out`` (static) lays every element of the contiguous ``src`` out contiguously
+    from offset 0: the as_strided is a reshape."""
+    return (src is not None and not storage_offset and src.storage_offset() == 0
+            and all(isinstance(d, int) for d in (*src.shape, *src.stride(), *out.shape,
+                                                 *out.stride()))
+            and src.is_contiguous() and out.is_contiguous() and src.numel() == out.numel())
+
+
+@register_lowering(aten.as_strided_scatter)
+def lower_as_strided_scatter(ctx, base, src, size, stride, storage_offset=None):
+    """Only the scatter that overwrites all of a contiguous ``base`` contiguously (the
+    backward of AOTAutograd's restriding of a channels-last keepdim mean, which writes the
+    gradient into zeros of the same numel): ``src`` reshaped to ``base``'s shape."""
+    b, v = ctx.node.args[0].meta.get("val"), ctx.node.args[1].meta.get("val")
+    if b is None or v is None or not _contiguous_cover(b, v, storage_offset) \
+            or tuple(v.stride()) != tuple(int(e) for e in stride) \
+            or tuple(v.shape) != tuple(int(e) for e in size):
+        raise Unsupported("as_strided_scatter of part of its base: no tile form")
+    return ctx.pointwise("copy", (_view(ctx, "view", src, out=ctx.new_spec(
+        ctx.out_spec.shape, ctx.out_spec.dtype), shape=ctx.out_spec.shape),))
 
 
 _MATMULS = {aten.mm.default, aten.bmm.default}
