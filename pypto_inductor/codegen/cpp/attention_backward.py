@@ -435,7 +435,7 @@ _F32 = struct.Struct("<f")
 _I32 = struct.Struct("<I")
 
 
-def _native():
+def native_kernel():
     """(native_call's ``call``, the kernel's address), built on first use; None without a
     C++ compiler or the extension."""
     if "call" not in _state:
@@ -503,7 +503,7 @@ def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
         if len(shape) not in (2, 4) or shape[-2] not in (1, m) or shape[-1] not in (1, n) \
                 or (len(shape) == 4 and (shape[0] not in (1, b) or shape[1] not in (1, h))):
             return f"mask shape {tuple(shape)}"
-    if _native() is None:
+    if native_kernel() is None:
         return "no C++ compiler or native call extension"
     return None
 
