@@ -137,7 +137,10 @@ PI_INLINE void pa_acc_tile(float* Ct, int64_t ldc, const float* A, int64_t DP, c
   for (int64_t i = 0; i < rows; ++i) {
     pa_v p[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) p[v] = pa_ld(P + i * ldp + 16 * v);
+    for (int v = 0; v < NV; ++v) {
+      p[v] = pa_ld(P + i * ldp + 16 * v);
+      __asm__("" : "+v"(p[v]));  // in a register: not folded into each of the 4 FMAs
+    }
 #pragma GCC unroll 4
     for (int d = 0; d < 4; ++d) {
       const pa_v a = pa_splat(A[i * DP + d]);
