@@ -216,13 +216,54 @@ static void pa_stage_rows(float* dst, int64_t DP, const void* src, int64_t rs, i
   }
   if (rows_pad > rows) memset(dst + rows * DP, 0, (size_t)((rows_pad - rows) * DP) * 4);
 }
+#if defined(__AVX512F__)
+// d[c * ds + j] = scale * s[j * ss + c] for j, c < 16: three rounds of shuffles
+static inline void pa_tr16(const float* s, int64_t ss, float* d, int64_t ds, float scale) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(s + i * ss);
+  for (int i = 0; i < 8; ++i) {  // lane L: rows 2i, 2i+1 of columns 4L.. interleaved
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // r[4g + k], lane L: column 4L + k of rows 4g..4g+3
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 1]), e = _mm512_castps_pd(t[4 * g + 3]);
+    r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, e));
+    r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, e));
+  }
+  const __m512 f = _mm512_set1_ps(scale);
+  for (int k = 0; k < 4; ++k) {  // the 128-bit lanes of the four groups, transposed
+    const __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44);
+    const __m512 b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
+    const __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512 e = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+    _mm512_storeu_ps(d + k * ds, _mm512_mul_ps(f, _mm512_shuffle_f32x4(a, c, 0x88)));
+    _mm512_storeu_ps(d + (4 + k) * ds, _mm512_mul_ps(f, _mm512_shuffle_f32x4(a, c, 0xDD)));
+    _mm512_storeu_ps(d + (8 + k) * ds, _mm512_mul_ps(f, _mm512_shuffle_f32x4(b, e, 0x88)));
+    _mm512_storeu_ps(d + (12 + k) * ds, _mm512_mul_ps(f, _mm512_shuffle_f32x4(b, e, 0xDD)));
+  }
+}
+#endif
 // dst[c][j] (ld) = src[j][c] for j < cols, c < D; zero elsewhere in [DP][ld]
 template <int DT>
 static void pa_stage_t(float* dst, int64_t ld, int64_t DP, const void* src, int64_t rs,
                        int64_t cols, int64_t D) {
-  memset(dst, 0, (size_t)(DP * ld) * 4);
-  for (int64_t j = 0; j < cols; ++j)
-    for (int64_t c = 0; c < D; ++c) dst[c * ld + j] = pa_ldx<DT>(src, j * rs + c);
+  int64_t j0 = 0, c0 = 0;
+#if defined(__AVX512F__)
+  if constexpr (DT == 0) {  // whole 16 x 16 blocks
+    for (c0 = 0; c0 + 16 <= D; c0 += 16)
+      for (j0 = 0; j0 + 16 <= cols; j0 += 16)
+        pa_tr16((const float*)src + j0 * rs + c0, rs, dst + c0 * ld + j0, ld, 1.0f);
+    j0 = cols & ~(int64_t)15;
+  }
+#endif
+  for (int64_t c = 0; c < D; ++c) {  // the rest: columns j0.. of rows < c0, all of rows c0..
+    for (int64_t j = c < c0 ? j0 : 0; j < cols; ++j) dst[c * ld + j] = pa_ldx<DT>(src, j * rs + c);
+    for (int64_t j = cols; j < ld; ++j) dst[c * ld + j] = 0.0f;
+  }
+  if (DP > D) memset(dst + D * ld, 0, (size_t)((DP - D) * ld) * 4);
 }
 template <int DT>
 static void pa_rowsum(float* Di, const void* go, int64_t gs, const void* o, int64_t os,
@@ -234,12 +275,21 @@ static void pa_rowsum(float* Di, const void* go, int64_t gs, const void* o, int6
   }
   for (int64_t i = rows; i < rows_pad; ++i) Di[i] = 0.0f;
 }
-// out rows (row stride rs) = scale * src (transposed: src[c][j], ld; else src[j][c], DP)
+// out rows (row stride rs) = scale * src (transposed: src[c][j], ld; else src[j][c], ld)
 template <int DT>
 static void pa_store(void* out, int64_t rs, const float* src, int64_t ld, bool transposed,
                      int64_t rows, int64_t D, float scale) {
+  int64_t j0 = 0, c0 = 0;
+#if defined(__AVX512F__)
+  if (DT == 0 && transposed) {  // whole 16 x 16 blocks
+    for (c0 = 0; c0 + 16 <= D; c0 += 16)
+      for (j0 = 0; j0 + 16 <= rows; j0 += 16)
+        pa_tr16(src + c0 * ld + j0, ld, (float*)out + j0 * rs + c0, rs, scale);
+    j0 = rows & ~(int64_t)15;
+  }
+#endif
   for (int64_t j = 0; j < rows; ++j)
-    for (int64_t c = 0; c < D; ++c)
+    for (int64_t c = j < j0 ? c0 : 0; c < D; ++c)
       pa_stx<DT>(out, j * rs + c, scale * (transposed ? src[c * ld + j] : src[j * ld + c]));
 }
 static void pa_mask_row(float* dst, const void* m, int64_t sn, int64_t n, int mdt) {
