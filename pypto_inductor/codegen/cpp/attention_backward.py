@@ -265,15 +265,15 @@ static void pa_stage_t(float* dst, int64_t ld, int64_t DP, const void* src, int6
   }
   if (DP > D) memset(dst + D * ld, 0, (size_t)((DP - D) * ld) * 4);
 }
-template <int DT>
-static void pa_rowsum(float* Di, const void* go, int64_t gs, const void* o, int64_t os,
-                      int64_t rows, int64_t rows_pad, int64_t D) {
+// Di[i] = rowsum(dO * O) of the staged rows (zero-padded to DP: padded rows give 0)
+static void pa_rowsum(float* Di, const float* dOf, const float* Of, int64_t DP, int64_t rows) {
   for (int64_t i = 0; i < rows; ++i) {
-    float s = 0.0f;
-    for (int64_t c = 0; c < D; ++c) s += pa_ldx<DT>(go, i * gs + c) * pa_ldx<DT>(o, i * os + c);
-    Di[i] = s;
+    pa_v acc = pa_ld(dOf + i * DP) * pa_ld(Of + i * DP);
+    for (int64_t c = 16; c < DP; c += 16) acc += pa_ld(dOf + i * DP + c) * pa_ld(Of + i * DP + c);
+    float sum = 0.0f;
+    for (int v = 0; v < 16; ++v) sum += acc[v];
+    Di[i] = sum;
   }
-  for (int64_t i = rows; i < rows_pad; ++i) Di[i] = 0.0f;
 }
 // out rows (row stride rs) = scale * src (transposed: src[c][j], ld; else src[j][c], ld)
 template <int DT>
@@ -288,9 +288,14 @@ static void pa_store(void* out, int64_t rs, const float* src, int64_t ld, bool t
     j0 = rows & ~(int64_t)15;
   }
 #endif
+  if (!transposed) {  // (a loop of its own: it vectorises)
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t c = 0; c < D; ++c) pa_stx<DT>(out, j * rs + c, scale * src[j * ld + c]);
+    return;
+  }
   for (int64_t j = 0; j < rows; ++j)
     for (int64_t c = j < j0 ? c0 : 0; c < D; ++c)
-      pa_stx<DT>(out, j * rs + c, scale * (transposed ? src[c * ld + j] : src[j * ld + c]));
+      pa_stx<DT>(out, j * rs + c, scale * src[c * ld + j]);
 }
 static void pa_mask_row(float* dst, const void* m, int64_t sn, int64_t n, int mdt) {
   if (mdt == 0) {
@@ -357,7 +362,7 @@ static size_t pa_workspace_floats(int64_t Mp, int64_t DP, int64_t BN) {
 
 template <int DT>
 static void pa_stage_head(const PaJob& J, int64_t DP, int64_t b, int64_t h, float* Qf,
-                          float* dOf, float* lse, float* Di) {
+                          float* dOf, float* Of, float* lse, float* Di) {
   const int64_t* s = J.s;
   const int es = DT == 0 ? 4 : 2;
   const char* go = (const char*)J.p[0] + (b * s[5] + h * s[6]) * es;
@@ -365,7 +370,8 @@ static void pa_stage_head(const PaJob& J, int64_t DP, int64_t b, int64_t h, floa
   const char* o = (const char*)J.p[4] + (b * s[17] + h * s[18]) * es;
   pa_stage_rows<DT>(Qf, DP, q, s[10], J.M, J.Mp, J.D);
   pa_stage_rows<DT>(dOf, DP, go, s[7], J.M, J.Mp, J.D);
-  pa_rowsum<DT>(Di, go, s[7], o, s[19], J.M, J.Mp, J.D);
+  pa_stage_rows<DT>(Of, DP, o, s[19], J.M, J.Mp, J.D);
+  pa_rowsum(Di, dOf, Of, DP, J.Mp);
   const float* l = (const float*)J.p[5] + b * s[20] + h * s[21];
   for (int64_t i = 0; i < J.M; ++i) lse[i] = l[i * s[22]];
   for (int64_t i = J.M; i < J.Mp; ++i) lse[i] = 0.0f;
@@ -413,9 +419,9 @@ static void pa_head(const PaJob& J, int64_t b, int64_t h, float* ws) {
   float* dSb = Pb + PA_BM * PA_BN;
   float* mrow = dSb + PA_BM * PA_BN;
   switch (J.dt) {
-    case 0: pa_stage_head<0>(J, DP, b, h, Qf, dOf, lse, Di); break;
-    case 2: pa_stage_head<2>(J, DP, b, h, Qf, dOf, lse, Di); break;
-    default: pa_stage_head<3>(J, DP, b, h, Qf, dOf, lse, Di);
+    case 0: pa_stage_head<0>(J, DP, b, h, Qf, dOf, dQ, lse, Di); break;
+    case 2: pa_stage_head<2>(J, DP, b, h, Qf, dOf, dQ, lse, Di); break;
+    default: pa_stage_head<3>(J, DP, b, h, Qf, dOf, dQ, lse, Di);
   }
   memset(dQ, 0, (size_t)(Mp * DP) * 4);
   const int mes = J.mdt == 0 ? 4 : 2;
