@@ -139,7 +139,9 @@ PI_INLINE void pa_acc_tile(float* Ct, int64_t ldc, const float* A, int64_t DP, c
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       p[v] = pa_ld(P + i * ldp + 16 * v);
+#if defined(__AVX512F__)  // (a 64-byte vector is one register only there)
       __asm__("" : "+v"(p[v]));  // in a register: not folded into each of the 4 FMAs
+#endif
     }
 #pragma GCC unroll 4
     for (int d = 0; d < 4; ++d) {
