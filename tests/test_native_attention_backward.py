@@ -121,6 +121,14 @@ def test_contiguous_and_strided_inputs():
     _check((g, q, wide, v, out, lse), False, None)
 
 
+def test_broadcast_grad_out():
+    """A gradient with a stride-0 head dim (from a broadcast) is copied, as ATen does."""
+    torch.manual_seed(9)
+    g, q, k, v, out, lse = _inputs(2, 2, 12, 12, 16, torch.float32)
+    g = torch.randn(2, 2, 12, 1).expand(2, 2, 12, 16)
+    _check((g, q, k, v, out, lse), False, None)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads(threads):
     torch.manual_seed(6)

@@ -590,7 +590,7 @@ def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
         return "empty"
     if d > MAX_HEAD_DIM:
         return f"head dim {d} > {MAX_HEAD_DIM}"
-    if d > 1 and any(t.stride(3) != 1 for t in tensors):
+    if d > 1 and any(t.stride(3) != 1 for t in tensors[1:]):  # grad_out: copied (ATen too)
         return "head dim not contiguous"
     if attn_mask is not None:
         if attn_mask.dtype not in (dtype, torch.float32):
@@ -635,6 +635,8 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
     call, address = _state["call"]
     dtype = query.dtype
     b, h, m, d = query.shape
+    if d > 1 and grad_out.stride(3) != 1:  # a broadcast gradient (ATen copies it too)
+        grad_out = grad_out.contiguous()
     gq, gk, gv = _grad(query.shape, dtype), _grad(key.shape, dtype), _grad(value.shape, dtype)
     go_s, q_s, k_s = grad_out.stride(), query.stride(), key.stride()
     v_s, o_s, l_s = value.stride(), out.stride(), logsumexp.stride()
