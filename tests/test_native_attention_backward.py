@@ -90,6 +90,19 @@ def test_additive_masks(mask_shape, mask_dtype):
             assert (got[0][0, 1, 5] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_mask_as_a_tensor(dtype):
+    """GPT-2/LLaMA's causal mask given as a tensor (-inf above the diagonal, plus padding):
+    the blocks past each query block's last unmasked key are skipped."""
+    torch.manual_seed(10)
+    b, h, s, d = 2, 2, 100, 32
+    mask = torch.zeros(b, 1, s, s, dtype=dtype).masked_fill(
+        torch.ones(s, s, dtype=torch.bool).triu(1), -float("inf"))
+    mask[1, ..., 70:] = torch.finfo(dtype).min
+    args = _inputs(b, h, s, s, d, dtype, mask=mask)
+    _check(args, False, mask)
+
+
 def test_causal_with_mask_and_scale():
     torch.manual_seed(2)
     mask = torch.randn(2, 1, 50, 50)

@@ -332,19 +332,28 @@ PI_INLINE __m512 pa_exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 #endif
+// returns a bound past the row's last nonzero (a multiple of 16, or n): the columns
+// after it are 0 in P and so in dS, and the matmuls after the exp can stop there (a causal
+// or padding mask given as a tensor then skips its masked blocks as is_causal does)
 template <bool MASK>
-static void pa_exp_row(float* row, const float* mask, float l, int64_t n) {
+static int64_t pa_exp_row(float* row, const float* mask, float l, int64_t n) {
+  int64_t last = 0;
 #if defined(__AVX512F__)
   const __m512 vl = _mm512_set1_ps(l);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
     __m512 x = _mm512_maskz_loadu_ps(k, row + j);
     if (MASK) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, mask + j));
-    _mm512_mask_storeu_ps(row + j, k, pa_exp512(_mm512_sub_ps(x, vl)));
+    const __m512 e = pa_exp512(_mm512_sub_ps(x, vl));
+    _mm512_mask_storeu_ps(row + j, k, e);
+    if (_mm512_mask_cmp_ps_mask(k, e, _mm512_setzero_ps(), _CMP_NEQ_UQ)) last = j + 16;
   }
+  return last < n ? last : n;
 #else
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) row[j] = pi_exp((MASK ? row[j] + mask[j] : row[j]) - l);
+  for (last = n; last > 0 && row[last - 1] == 0.0f; --last) {}
+  return last;
 #endif
 }
 
@@ -443,9 +452,10 @@ static void pa_head(const PaJob& J, int64_t b, int64_t h, float* ws) {
       const int64_t mr = std::min(PA_BM, Mp - m0);
       const int64_t lim = J.causal ? std::min(nk, m0 + mr - n0) : nk;  // keys any row sees
       if (lim <= 0) continue;
-      const int64_t nc = pa_up16(lim);
+      int64_t nc = pa_up16(lim);
       // S = scale Q K^T, then P = exp(S + mask - lse) in place
       pa_rows<DV, false>(Qf + m0 * DP, Kt, ld, Pb, nc, mr, J.scale, nullptr, nullptr);
+      int64_t used = 0;  // columns with a nonzero P in some row
       for (int64_t r = 0; r < mr; ++r) {
         const int64_t i = m0 + r;
         float* row = Pb + r * PA_BN;
@@ -454,12 +464,14 @@ static void pa_head(const PaJob& J, int64_t b, int64_t h, float* ws) {
         const float l = lse[i];
         if (mbase != nullptr && rl > 0) {
           pa_mask_row(mrow, mbase + (i * s[25] + n0 * s[26]) * mes, s[26], rl, J.mdt);
-          pa_exp_row<true>(row, mrow, l, rl);
-        } else {
-          pa_exp_row<false>(row, nullptr, l, rl);
+          used = std::max(used, pa_exp_row<true>(row, mrow, l, rl));
+        } else if (rl > 0) {
+          used = std::max(used, pa_exp_row<false>(row, nullptr, l, rl));
         }
         for (int64_t j = rl; j < nc; ++j) row[j] = 0.0f;
       }
+      if (used == 0) continue;  // every row masked out: no gradient from this block
+      nc = pa_up16(used);
       // dS = P (dO V^T - Di)
       pa_rows<DV, true>(dOf + m0 * DP, Vt, ld, dSb, nc, mr, 1.0f, Pb, Di + m0);
       pa_acc(dVt, ld, dOf + m0 * DP, DP, Pb, nc, mr);
