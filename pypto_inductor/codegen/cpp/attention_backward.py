@@ -502,7 +502,7 @@ static void pa_one_head(const PaJob& J, int64_t z, float* ws) {
 }
 
 // native_call's convention: p = grad_out, q, k, v, out, lse, mask (q when none), grad_q,
-// grad_k, grad_v; s = B, H, M, N, D, then (batch, head, row) element strides of grad_out,
+// grad_k, grad_v, status; s = B, H, M, N, D, then (batch, head, row) element strides of grad_out,
 // q, k, v, out, lse (s[5..22]), the mask's (batch, head, row, col) (s[23..26]), grad_q,
 // grad_k, grad_v's (s[27..35]), causal, dtype (0 f32, 2 bf16, 3 f16), mask dtype (-1 none),
 // the scale's float32 bits.
@@ -521,8 +521,10 @@ extern "C" void pa_flash_backward_call(void* const* p, const int64_t*, const int
   const size_t bytes = (pa_workspace_floats(J.Mp, DP, J.BN) * 4 + 63) & ~(size_t)63;
   const int64_t BH = J.B * J.H;
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(nt, BH));
+  int64_t* status = (int64_t*)p[10];  // call_status's: 1 when a workspace is not allocated
   if (threads == 1) {
     float* ws = (float*)aligned_alloc(64, bytes);
+    if (ws == nullptr) { *status = 1; return; }
     for (int64_t z = 0; z < BH; ++z) pa_one_head(J, z, ws);
     free(ws);
     return;
@@ -530,8 +532,13 @@ extern "C" void pa_flash_backward_call(void* const* p, const int64_t*, const int
 #pragma omp parallel num_threads(threads)
   {
     float* ws = (float*)aligned_alloc(64, bytes);
+    if (ws == nullptr) {
+#pragma omp atomic write
+      *status = 1;
+    }
 #pragma omp for schedule(static)
-    for (int64_t z = 0; z < BH; ++z) pa_one_head(J, z, ws);
+    for (int64_t z = 0; z < BH; ++z)
+      if (ws != nullptr) pa_one_head(J, z, ws);
     free(ws);
   }
 }
@@ -546,12 +553,12 @@ _I32 = struct.Struct("<I")
 
 
 def native_kernel():
-    """(native_call's ``call``, the kernel's address), built on first use; None without a
-    C++ compiler or the extension."""
+    """(native_call's ``call_status``, the kernel's address), built on first use; None
+    without a C++ compiler or the extension."""
     if "call" not in _state:
         found = None
         try:
-            call = native_call.extension_call()
+            call = native_call.extension_call_status()
             if call is not None:
                 lib = compiler.load_library(SOURCE, (_SYMBOL,), flags=_FLAGS)
                 found = (call, ctypes.cast(getattr(lib, _SYMBOL), ctypes.c_void_p).value)
@@ -664,6 +671,8 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
             m_s[0], m_s[1], m_s[2], m_s[3],
             m * hd, d, hd, n * hd, d, hd, n * hd, d, hd,
             1 if is_causal else 0, DTYPES[dtype], mdt, _float_bits(scale, d))
-    call(address, (grad_out, query, key, value, out, logsumexp, mask, gq, gk, gv), 0, syms,
-         torch.get_num_threads())
+    if call(address, (grad_out, query, key, value, out, logsumexp, mask, gq, gk, gv), 0, syms,
+            torch.get_num_threads()):
+        raise MemoryError("flash_attention_backward: no memory for the native kernel's "
+                          "per-thread workspace")
     return gq, gk, gv
