@@ -15,14 +15,23 @@ staged float32 copies of the head's rows (bfloat16/float16 converted once, the h
 padded with zeros to 16/32/64/128, a compile-time constant of the matmul tiles), so
 the reduced types round once at the store (ATen rounds P and dS to the input type
 before its matmuls, and dQ/dK/dV per block of 512 keys). The matmuls are register
-tiles of GCC vector types (16 floats: one AVX-512 register), contracted to FMAs.
+tiles of GCC vector types (16 floats: one AVX-512 register), contracted to FMAs; with
+AVX-512 the exp is 13 instructions (vscalefps) and K/V and dK/dV are transposed in 16 x 16
+blocks of shuffles. The matmuls after the exp stop, per block of queries, at the last key
+with a nonzero P: a causal or padding mask given as a tensor (GPT-2, LLaMA) skips its
+masked blocks as ``is_causal`` does. Without AVX-512 the same code builds (plain loops for
+the exp and the transposes; the tests pass with ``-mno-avx512f``).
+
+At the zoo shape, one thread: ~600 -> ~285 us (2.1x); the zoo's BERT/GPT-2/LLaMA
+training step 1.10-1.17x (the branch's report, k17b).
 
 Masks as ATen's CPU kernel takes them: none, ``is_causal`` (key j <= query i, top-left,
 also when Lq != Lk), an additive mask of the query's dtype or float32 of 2 or 4 dims
 broadcast to [B, H, Lq, Lk]; a fully masked row has a logsumexp of 0 and gets zero
 gradients, as in ATen. What it does not take (:func:`eligible` says why) goes to ATen:
 dropout, bool/float64 masks (ATen's backward adds those as numbers), head dims above
-128, inner strides other than 1, empty tensors.
+128, inner strides other than 1 (a broadcast grad_out is copied first, as ATen does),
+empty tensors.
 """
 from __future__ import annotations
 
