@@ -189,6 +189,8 @@ def test_ineligible_cases_go_to_aten():
     got = ab.flash_attention_backward(g, q, k, v, out, lse, 0.0, False, bool_mask)
     for w, x in zip(want, got):
         torch.testing.assert_close(x, w, rtol=0, atol=0)
+    assert ab.eligible(*(t.to("meta") for t in (g, q, k, v, out, lse)), 0.0, False) \
+        == "not on the CPU"
     big = _inputs(1, 1, 4, 4, 160, torch.float32)
     assert "head dim" in ab.eligible(*big, 0.0, False)
 
