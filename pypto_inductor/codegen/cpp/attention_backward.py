@@ -23,7 +23,7 @@ masked blocks as ``is_causal`` does. Without AVX-512 the same code builds (plain
 the exp and the transposes; the tests pass with ``-mno-avx512f``).
 
 At the zoo shape, one thread: ~600 -> ~285 us (2.1x); the zoo's BERT/GPT-2/LLaMA
-training step 1.10-1.17x (the branch's report, k17b).
+training step 1.07-1.12x with the pypto backend (the branch's report, k17b).
 
 Masks as ATen's CPU kernel takes them: none, ``is_causal`` (key j <= query i, top-left,
 also when Lq != Lk), an additive mask of the query's dtype or float32 of 2 or 4 dims
