@@ -34,7 +34,7 @@ import struct
 import torch
 
 from ...sizes import is_symbolic
-from . import compiler, native_call
+from . import attention_backward, compiler, native_call
 from .prelude import PRELUDE
 
 NATIVE_ATTENTION = True  # the benchmarks' switch: False keeps ATen's flash kernel
@@ -527,6 +527,30 @@ def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:
     return None
 
 
+def bind_backward(step, specs) -> tuple:
+    """(callable, why) for SDPA's flash backward extern step: the native backward
+    (:mod:`.attention_backward`) when the dtypes and dropout qualify, else ATen's kernel.
+    Shapes, strides and masks are checked per call (its ``eligible``: attribute reads), and
+    a call that does not qualify runs ATen's op."""
+    args = list(step.args)
+    names = [getattr(a, "name", None) for a in args[:4]]
+    if len(args) < 8 or any(n is None or n not in specs for n in names):
+        return None, "operands not tensors of the graph"
+    if not attention_backward.NATIVE_BACKWARD:
+        return None, "NATIVE_BACKWARD is off"
+    if not isinstance(args[6], (int, float)) or args[6]:
+        return None, "dropout: ATen's backward replays what its forward drew"
+    q = specs[names[1]]
+    if q.dtype not in attention_backward.DTYPES or any(
+            specs[n].dtype != q.dtype for n in names):
+        return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
+    if attention_backward.native_kernel() is None:
+        return None, "no native call extension (C++ compiler / Python headers)"
+    return attention_backward.flash_attention_backward, (
+        f"native flash-attention backward (codegen/cpp/attention_backward.py, D={q.shape[-1]}, "
+        f"{q.dtype}): P recomputed from the logsumexp, ~2x ATen's at the zoo's shape")
+
+
 # extern ATen op -> binder(step, specs) -> (callable or None, reason): what the cpu target
 # runs instead of the op's ATen kernel (runtime.CompiledGraph._compile_step asks the target)
-NATIVE_EXTERNS = {_FLASH: bind_forward}
+NATIVE_EXTERNS = {_FLASH: bind_forward, attention_backward.ATEN_BACKWARD: bind_backward}

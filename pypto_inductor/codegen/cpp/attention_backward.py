@@ -690,3 +690,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
         raise MemoryError("flash_attention_backward: no memory for the native kernel's "
                           "per-thread workspace")
     return gq, gk, gv
+
+
+# the graph code reads the schema: the results are fresh buffers (codegen/graph/buffers.py)
+flash_attention_backward._schema = ATEN_BACKWARD._schema
