@@ -203,3 +203,51 @@ def test_switch_off_calls_aten(monkeypatch):
     got = ab.flash_attention_backward(*args, 0.0, False)
     for w, x in zip(want, got):
         torch.testing.assert_close(x, w, rtol=0, atol=0)
+
+
+def _compiled_sdpa_step(monkeypatch, native: bool):
+    """One compiled forward + backward of masked SDPA: (grads, the graphs' extern choices,
+    native backward calls)."""
+    from pypto_inductor.report import collect
+
+    calls = []
+    real = ab.flash_attention_backward
+
+    def spy(*args, **kwargs):
+        calls.append(args[1].shape)
+        return real(*args, **kwargs)
+
+    spy._schema = real._schema
+    monkeypatch.setattr(ab, "flash_attention_backward", spy)
+    monkeypatch.setattr(ab, "NATIVE_BACKWARD", native)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 4, 33, 16, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 1, 1, 33, generator=g)
+
+    def f(q, k, v, mask):
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 1.5).sum()
+
+    with collect() as graphs:
+        torch.compile(f, backend="pypto")(q, k, v, mask).backward()
+    got = [t.grad for t in (q, k, v)]
+    want = torch.autograd.grad(f(q, k, v, mask), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+    choices = {e["reason"].split(" (")[0]: e["native"] for gr in graphs
+               for e in gr.to_dict()["extern_native"].values()}
+    return choices, calls
+
+
+def test_compiled_training_step_runs_the_native_backward(monkeypatch):
+    """The cpu target binds SDPA's backward extern to this kernel (codegen/cpp/attention.py's
+    NATIVE_EXTERNS), the report says so, and the gradients are eager's."""
+    choices, calls = _compiled_sdpa_step(monkeypatch, native=True)
+    assert calls == [torch.Size([2, 4, 33, 16])]
+    assert choices.get("native flash-attention backward") is True, choices
+
+
+def test_compiled_training_step_switch_off_keeps_aten(monkeypatch):
+    choices, calls = _compiled_sdpa_step(monkeypatch, native=False)
+    assert not calls
+    assert choices.get("NATIVE_BACKWARD is off") is False, choices
