@@ -546,7 +546,7 @@ def bind_backward(step, specs) -> tuple:
         return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
     if attention_backward.native_kernel() is None:
         return None, "no native call extension (C++ compiler / Python headers)"
-    return attention_backward.flash_attention_backward, (
+    return attention_backward.flash_attention_backward_bound, (
         f"native flash-attention backward (codegen/cpp/attention_backward.py, D={q.shape[-1]}, "
         f"{q.dtype}): P recomputed from the logsumexp, ~2x ATen's at the zoo's shape")
 

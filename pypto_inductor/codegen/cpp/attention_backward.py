@@ -596,8 +596,6 @@ def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
     """None when :func:`flash_attention_backward` computes these natively, else why not
     (then it calls ATen's op). On every call's path: attribute reads only (no generators,
     no torch.device objects): ~9 -> ~3 us."""
-    if not NATIVE_BACKWARD:
-        return "NATIVE_BACKWARD is off"
     if dropout_p:
         return "dropout"
     dtype = query.dtype
@@ -660,7 +658,18 @@ def _mask_strides(mask):
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
                              is_causal, attn_mask=None, scale=None):
     """``aten._scaled_dot_product_flash_attention_for_cpu_backward``: (grad_query, grad_key,
-    grad_value), natively where :func:`eligible`, else through ATen's op."""
+    grad_value), natively where :func:`eligible` and ``NATIVE_BACKWARD``, else ATen's op."""
+    if not NATIVE_BACKWARD:
+        return ATEN_BACKWARD(grad_out, query, key, value, out, logsumexp, dropout_p,
+                             is_causal, attn_mask=attn_mask, scale=scale)
+    return flash_attention_backward_bound(grad_out, query, key, value, out, logsumexp,
+                                          dropout_p, is_causal, attn_mask, scale)
+
+
+def flash_attention_backward_bound(grad_out, query, key, value, out, logsumexp, dropout_p,
+                                   is_causal, attn_mask=None, scale=None):
+    """What a compiled graph runs (``attention.bind_backward`` read the switch when it
+    compiled): natively where :func:`eligible`, else ATen's op."""
     if eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                 attn_mask, scale) is not None:
         return ATEN_BACKWARD(grad_out, query, key, value, out, logsumexp, dropout_p,
@@ -693,4 +702,5 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
 
 
 # the graph code reads the schema: the results are fresh buffers (codegen/graph/buffers.py)
-flash_attention_backward._schema = ATEN_BACKWARD._schema
+flash_attention_backward._schema = flash_attention_backward_bound._schema = \
+    ATEN_BACKWARD._schema
