@@ -106,7 +106,7 @@ class CompiledGraph:
         self.pooled: set[int] = set()  # slots written by kernels allocating from the pool
         self.pool_empty: set[str] = set()  # tiles whose outputs come from the pool
         # extern op -> {"native": bool, "reason": str} where the target has a native kernel
-        # for it (cpu: codegen/cpp/attention.py's NATIVE_EXTERNS) and says which one runs
+        # for it (cpu: codegen/cpp's NATIVE_EXTERNS) and says which one runs
         self.extern_native: dict[str, dict] = {}
         steps = [self._bind_extern(s, target) if isinstance(s, ExternOp) else s
                  for s in plan.steps]

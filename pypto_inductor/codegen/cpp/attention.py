@@ -22,7 +22,7 @@ for``; per block of 128 keys, K^T and V are packed as fp32 (zero-padded to a mul
 in the head dim), scores come from a register tile of RT rows x 16/RT vectors of 16 keys,
 the online softmax rescales the running output (exp: the prelude's vectorised ``pi_exp``),
 and P V is a register tile of RT rows x D/16 vectors. Head dims up to 128 are templates
-on D/16; larger ones, dropout and other dtypes keep ATen (``NATIVE_EXTERNS``'s binder says
+on D/16; larger ones, dropout and other dtypes keep ATen (:func:`bind_forward` says
 why, and the fusion report lists it per SDPA call).
 """
 from __future__ import annotations
@@ -34,14 +34,14 @@ import struct
 import torch
 
 from ...sizes import is_symbolic
-from . import attention_backward, compiler, native_call
+from . import compiler, native_call
 from .prelude import PRELUDE
 
 NATIVE_ATTENTION = True  # the benchmarks' switch: False keeps ATen's flash kernel
 DTYPES = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 3}
 MAX_HEAD_DIM = 128  # D/16 vectors up to 8 (templates below)
 _aten = torch.ops.aten
-_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+ATEN_FORWARD = _aten._scaled_dot_product_flash_attention_for_cpu.default
 
 SOURCE = PRELUDE + r"""
 #include <limits>
@@ -383,7 +383,7 @@ def _kernel():
 _scale_bits: dict = {}
 
 
-def _bits(scale: float) -> int:
+def float32_bits(scale: float) -> int:
     """A float's bits as the kernel reads them (fp32, as ATen's kernel computes)."""
     b = _scale_bits.get(scale)
     if b is None:
@@ -423,7 +423,7 @@ def flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mas
     """``aten._scaled_dot_product_flash_attention_for_cpu`` natively where the kernel can
     run it (else ATen's)."""
     if unsupported(query, key, value, dropout_p, attn_mask) is not None:
-        return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return ATEN_FORWARD(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return run_kernel(query, key, value, is_causal, attn_mask, scale)
 
 
@@ -433,13 +433,13 @@ def flash_forward_bound(query, key, value, dropout_p=0.0, is_causal=False, *, at
     tensors): only the head dim, symbolic under ``dynamic=True``, is checked per call."""
     d = query.shape[-1]
     if d > MAX_HEAD_DIM or value.shape[-1] != d or _heads_mismatch(query, key, value):
-        return _FLASH(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+        return ATEN_FORWARD(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
     return run_kernel(query, key, value, is_causal, attn_mask, scale)
 
 
 # the graph code reads an extern's schema (fresh results, no input written: buffer reuse,
 # codegen/graph/buffers.py); this kernel's contract is the ATen op's
-flash_forward._schema = flash_forward_bound._schema = _FLASH._schema
+flash_forward._schema = flash_forward_bound._schema = ATEN_FORWARD._schema
 
 
 def _heads_mismatch(query, key, value) -> bool:
@@ -450,7 +450,7 @@ def _heads_mismatch(query, key, value) -> bool:
         or key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]
 
 
-def _mask_strides(mask, shape) -> tuple:
+def mask_strides(mask, shape) -> tuple:
     """The mask's strides broadcast to ``[B, H, Lq, Lk]`` (0 along size-1 / missing dims)."""
     n = mask.dim()
     sizes, strides = mask.shape, mask.stride()
@@ -476,10 +476,10 @@ def run_kernel(query, key, value, is_causal, attn_mask, scale):
     if attn_mask is None:
         mask, ms = query, (0, 0, 0, 0)
     else:
-        mask, ms = attn_mask, _mask_strides(attn_mask, (B, H, Lq, Lk))
+        mask, ms = attn_mask, mask_strides(attn_mask, (B, H, Lq, Lk))
     call(address, (query, key, value, mask, out, lse), 0,
          (DTYPES[query.dtype], B, H, Lq, Lk, D, int(bool(is_causal)), int(attn_mask is not None),
-          _bits(scale), *query.stride(), *key.stride(), *value.stride(), *ms, *out.stride(),
+          float32_bits(scale), *query.stride(), *key.stride(), *value.stride(), *ms, *out.stride(),
           *lse.stride(), H // key.shape[1]),
          torch.get_num_threads())
     return out, lse
@@ -525,32 +525,3 @@ def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:
     if _kernel() is None:
         return "no native call extension (C++ compiler / Python headers)"
     return None
-
-
-def bind_backward(step, specs) -> tuple:
-    """(callable, why) for SDPA's flash backward extern step: the native backward
-    (:mod:`.attention_backward`) when the dtypes and dropout qualify, else ATen's kernel.
-    Shapes, strides and masks are checked per call (its ``eligible``: attribute reads), and
-    a call that does not qualify runs ATen's op."""
-    args = list(step.args)
-    names = [getattr(a, "name", None) for a in args[:4]]
-    if len(args) < 8 or any(n is None or n not in specs for n in names):
-        return None, "operands not tensors of the graph"
-    if not attention_backward.NATIVE_BACKWARD:
-        return None, "NATIVE_BACKWARD is off"
-    if not isinstance(args[6], (int, float)) or args[6]:
-        return None, "dropout: ATen's backward replays what its forward drew"
-    q = specs[names[1]]
-    if q.dtype not in attention_backward.DTYPES or any(
-            specs[n].dtype != q.dtype for n in names):
-        return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
-    if attention_backward.native_kernel() is None:
-        return None, "no native call extension (C++ compiler / Python headers)"
-    return attention_backward.flash_attention_backward_bound, (
-        f"native flash-attention backward (codegen/cpp/attention_backward.py, D={q.shape[-1]}, "
-        f"{q.dtype}): P recomputed from the logsumexp, ~2x ATen's at the zoo's shape")
-
-
-# extern ATen op -> binder(step, specs) -> (callable or None, reason): what the cpu target
-# runs instead of the op's ATen kernel (runtime.CompiledGraph._compile_step asks the target)
-NATIVE_EXTERNS = {_FLASH: bind_forward, attention_backward.ATEN_BACKWARD: bind_backward}

@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-import struct
 
 import torch
 
-from . import alloc, compiler, native_call
+from . import alloc, attention, compiler, native_call
 from .prelude import PRELUDE
 
 NATIVE_BACKWARD = True  # False: flash_attention_backward calls ATen's op (the A/B switch)
@@ -556,9 +555,6 @@ extern "C" void pa_flash_backward_call(void* const* p, const int64_t*, const int
 _FLAGS = ("-ffp-contract=fast",)  # the matmul tiles' a * b + c are FMAs (ATen's gemms' too)
 _SYMBOL = "pa_flash_backward_call"
 _state: dict = {}  # "call": (extension call, kernel address) or None where unavailable
-_scale_bits: dict = {}  # (scale, head dim) -> the float32 bits of the scale ATen uses
-_F32 = struct.Struct("<f")
-_I32 = struct.Struct("<I")
 
 
 def native_kernel():
@@ -575,20 +571,6 @@ def native_kernel():
             found = None
         _state["call"] = found
     return _state["call"]
-
-
-def _float_bits(scale, head_dim: int) -> int:
-    """ATen's scale (sdp::calculate_scale: the given one, else 1 / sqrt(head dim), in double,
-    then float) as float32 bits."""
-    key = (scale, head_dim)
-    bits = _scale_bits.get(key)
-    if bits is None:
-        value = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-        bits = _I32.unpack(_F32.pack(value))[0]
-        if len(_scale_bits) > 256:
-            _scale_bits.clear()
-        _scale_bits[key] = bits
-    return bits
 
 
 def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
@@ -645,16 +627,6 @@ def _grad(shape, dtype):
     return torch.empty_strided((b, h, n, d), (n * h * d, d, h * d, 1), dtype=dtype)
 
 
-def _mask_strides(mask):
-    """(batch, head, row, col) element strides of ``mask`` broadcast to [B, H, Lq, Lk]."""
-    size, stride = mask.shape, mask.stride()
-    st = [0, 0] + [stride[i] if size[i] != 1 else 0 for i in (-2, -1)]
-    if len(size) == 4:
-        st[0] = stride[0] if size[0] != 1 else 0
-        st[1] = stride[1] if size[1] != 1 else 0
-    return st
-
-
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
                              is_causal, attn_mask=None, scale=None):
     """``aten._scaled_dot_product_flash_attention_for_cpu_backward``: (grad_query, grad_key,
@@ -668,7 +640,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, dropou
 
 def flash_attention_backward_bound(grad_out, query, key, value, out, logsumexp, dropout_p,
                                    is_causal, attn_mask=None, scale=None):
-    """What a compiled graph runs (``attention.bind_backward`` read the switch when it
+    """What a compiled graph runs (:func:`bind` read the switch when it
     compiled): natively where :func:`eligible`, else ATen's op."""
     if eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                 attn_mask, scale) is not None:
@@ -687,18 +659,45 @@ def flash_attention_backward_bound(grad_out, query, key, value, out, logsumexp, 
     if attn_mask is None:
         mask, m_s, mdt = query, (0, 0, 0, 0), -1
     else:
-        mask, m_s, mdt = attn_mask, _mask_strides(attn_mask), DTYPES[attn_mask.dtype]
+        mask, m_s, mdt = attn_mask, attention.mask_strides(attn_mask, (b, h, m, n)), \
+            DTYPES[attn_mask.dtype]
     syms = (b, h, m, n, d,
             go_s[0], go_s[1], go_s[2], q_s[0], q_s[1], q_s[2], k_s[0], k_s[1], k_s[2],
             v_s[0], v_s[1], v_s[2], o_s[0], o_s[1], o_s[2], l_s[0], l_s[1], l_s[2],
             m_s[0], m_s[1], m_s[2], m_s[3],
             m * hd, d, hd, n * hd, d, hd, n * hd, d, hd,
-            1 if is_causal else 0, DTYPES[dtype], mdt, _float_bits(scale, d))
+            1 if is_causal else 0, DTYPES[dtype], mdt,
+            attention.float32_bits(1.0 / math.sqrt(d) if scale is None else scale))
     if call(address, (grad_out, query, key, value, out, logsumexp, mask, gq, gk, gv), 0, syms,
             torch.get_num_threads()):
         raise MemoryError("flash_attention_backward: no memory for the native kernel's "
                           "per-thread workspace")
     return gq, gk, gv
+
+
+
+def bind(step, specs) -> tuple:
+    """(callable, why) for SDPA's flash backward extern step: the native backward
+    (:mod:`.attention_backward`) when the dtypes and dropout qualify, else ATen's kernel.
+    Shapes, strides and masks are checked per call (its ``eligible``: attribute reads), and
+    a call that does not qualify runs ATen's op."""
+    args = list(step.args)
+    names = [getattr(a, "name", None) for a in args[:4]]
+    if len(args) < 8 or any(n is None or n not in specs for n in names):
+        return None, "operands not tensors of the graph"
+    if not NATIVE_BACKWARD:
+        return None, "NATIVE_BACKWARD is off"
+    if not isinstance(args[6], (int, float)) or args[6]:
+        return None, "dropout: ATen's backward replays what its forward drew"
+    q = specs[names[1]]
+    if q.dtype not in DTYPES or any(specs[n].dtype != q.dtype for n in names):
+        return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
+    if native_kernel() is None:
+        return None, "no native call extension (C++ compiler / Python headers)"
+    return flash_attention_backward_bound, (
+        f"native flash-attention backward (codegen/cpp/attention_backward.py, "
+        f"D={q.shape[-1]}, {q.dtype}): P recomputed from the logsumexp, ~2x ATen's at the "
+        "zoo's shape")
 
 
 # the graph code reads the schema: the results are fresh buffers (codegen/graph/buffers.py)
