@@ -39,6 +39,13 @@ NARROW_EAGER_BLOCK = 512  # reduced elements a block of the narrow sums spans (1
 # reduced elements inside: a vector loop over 4 elements per reduced one is slow
 # (docs/benchmarks.md).
 NARROW_ROWS = 8
+# The reduced dims of every column access merge into one stride (a contiguous NHWC
+# activation's N, H, W under BatchNorm's statistics): a run-time check once per call, then a
+# reduced element's offset is c times the innermost reduced stride instead of c decomposed
+# per dim (a % and a / per dim and per reduced element, in the loops that run one reduced
+# element at a time). The same elements are read in the same order: bit-exact.
+# Switch: the benchmark's "before".
+MERGED_REDUCED_DIMS = True
 
 
 class ColumnEmitter(RowEmitter):
@@ -50,6 +57,10 @@ class ColumnEmitter(RowEmitter):
         checks = [f"(D{last} == 1 || a{k}_{last} == {'1' if f == 'unit' else '0'})"
                   for k, f in enumerate(p.fast) if f != "strided"]
         w(f"  const bool fast = {' && '.join(checks) or 'true'}; (void)fast;")
+        self.merge = MERGED_REDUCED_DIMS and self.n - self.outer > 1 \
+            and any(a.col for a in p.accesses)
+        if self.merge:
+            w(f"  const bool merged = {' && '.join(self.merged_checks())};")
         reds = self.reductions(1)
         outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         # one pass, per-element outputs known before it: the columns may be split
@@ -294,7 +305,7 @@ class ColumnEmitter(RowEmitter):
                 w("    }")
                 continue
             w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
-            self.offsets("      ")
+            self.offsets("      ", merged=True)
             # fp16 columns of the block through float buffers (emit_rows.STAGE_HALF)
             ins, souts = self.staging([x for x in deps if x.level == "col"
                                        and (x.kind != "load"
@@ -332,8 +343,38 @@ class ColumnEmitter(RowEmitter):
             self.block_loop([f"tot{x.id}[j] += acc{x.id}[j]; acc{x.id}[j] = 0;" for x in wide])
             w("    }")
 
-    def offsets(self, ind: str) -> None:
-        """Reduced element c's index per reduced dim (u<d>) and each access's offset there."""
+    def merged_checks(self) -> list[str]:
+        """Conditions under which every column access's offset at reduced element c is
+        c * its innermost reduced stride: each reduced dim of size over 1 has the stride of
+        the dims inside it merged (size-1 dims have index 0: any stride)."""
+        last, checks = self.n - 1, []
+        for k, a in enumerate(self.p.accesses):
+            if not a.col:
+                continue
+            inner = []
+            for d in range(last - 1, self.outer - 1, -1):
+                inner.append(f"D{d + 1}")
+                checks.append(f"(D{d} == 1 || a{k}_{d} == a{k}_{last} * {' * '.join(inner)})")
+        return checks
+
+    def offsets(self, ind: str, merged: bool = False) -> None:
+        """Reduced element c's index per reduced dim (u<d>) and each access's offset there;
+        with ``merged`` (a loop over one reduced element at a time), c times one stride when
+        the run-time check ``merged`` holds (MERGED_REDUCED_DIMS)."""
+        w = self.w
+        cols = [k for k, a in enumerate(self.p.accesses) if a.col]
+        if merged and self.merge:
+            w(f"{ind}int64_t {', '.join(f'o{k}' for k in cols)};")
+            w(f"{ind}if (merged) {{")
+            for k in cols:
+                w(f"{ind}  o{k} = c * a{k}_{self.n - 1};")
+            w(f"{ind}}} else {{")
+            self.decompose(ind + "  ", assign=True)
+            w(f"{ind}}}")
+            return
+        self.decompose(ind, assign=False)
+
+    def decompose(self, ind: str, assign: bool) -> None:
         w = self.w
         w(f"{ind}int64_t u = c; (void)u;")
         for d in range(self.n - 1, self.outer, -1):
@@ -342,7 +383,7 @@ class ColumnEmitter(RowEmitter):
         for k, a in enumerate(self.p.accesses):
             if a.col:
                 off = " + ".join(f"u{d} * a{k}_{d}" for d in range(self.outer, self.n))
-                w(f"{ind}const int64_t o{k} = {off};")
+                w(f"{ind}{'' if assign else 'const int64_t '}o{k} = {off};")
 
     def narrow_sums(self, reds, deps, lo: str, hi: str) -> None:
         """The narrow path of a pass of float sums only, in eager's partials
@@ -358,7 +399,7 @@ class ColumnEmitter(RowEmitter):
         def add(ind: str, j: str, target: str) -> None:
             """The summands at reduced element c, kept element j, added into target."""
             w(f"{ind}{{ const int64_t j = {j}; (void)j;")
-            self.offsets(ind + "  ")
+            self.offsets(ind + "  ", merged=True)
             for y in deps:
                 self.define(y, ind + "  ", col=True, path="fast")
             for x in reds:
