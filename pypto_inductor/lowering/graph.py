@@ -336,12 +336,15 @@ def _name_result(ctx: LoweringContext, mark: int, node: fx.Node, result):
 # of a lowering. The report gives these reasons (docs/models.md lists them per model).
 _aten = torch.ops.aten
 _SDPA_WHOLE = ("SDPA's fused CPU kernel, kept whole (as Inductor does): its backward reads the "
-               "logsumexp the forward saves, which decomposing it changed (wrong gradients)")
+               "logsumexp the forward saves, which decomposing it changed (wrong gradients); "
+               "the cpu target runs it with its native flash kernel where it qualifies "
+               "(codegen/cpp/attention.py; the report's extern_native says which ran)")
 EAGER_BY_CHOICE = {
     _aten._scaled_dot_product_flash_attention_for_cpu.default:
         _SDPA_WHOLE + "; with dropout it draws what eager draws",
     _aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
-        "the backward of SDPA's fused CPU kernel (the forward is kept whole)",
+        "the backward of SDPA's fused CPU kernel (the forward is kept whole); the cpu target "
+        "runs it with its native kernel where it qualifies (codegen/cpp/attention_backward.py)",
     _aten.convolution.default: "convolution: the oneDNN/GEMM kernel eager uses; no tile form",
     _aten.convolution_backward.default:
         "convolution backward: the oneDNN/GEMM kernels eager uses; no tile form",
