@@ -48,7 +48,12 @@ def assert_outputs_close(out, ref, **tol) -> None:
         torch.testing.assert_close(out[key], ref[key], **tol, msg=lambda m: f"output {key}: {m}")
 
 
-def assert_grads_close(model, ref_model, tol, scaled: bool = False, when: str = "") -> None:
+def assert_grads_close(model, ref_model, tol, scaled: bool = False, when: str = "",
+                       exact: dict | None = None) -> None:
+    """Gradients close to the eager model's. With ``exact`` (name -> float64 gradient of the
+    same step), a half-type gradient that is not close to eager's passes only if it is no
+    further from the float64 one than eager's is (Inductor's tests' fp64 reference check): our
+    kernels accumulate in float32 where eager rounds to bf16, so eager is the less exact."""
     for (name, p), r in zip(model.named_parameters(), ref_model.parameters()):
         assert (p.grad is None) == (r.grad is None), f"{when}grad of {name}: one side is None"
         if r.grad is None:
@@ -57,8 +62,25 @@ def assert_grads_close(model, ref_model, tol, scaled: bool = False, when: str = 
         # is zero in exact arithmetic, as attention's key bias, is rounding noise on both sides)
         atol = (max(tol["atol"] * float(r.grad.abs().max()), FP32["atol"]) if scaled
                 else tol["atol"])
-        torch.testing.assert_close(p.grad, r.grad, atol=atol, rtol=tol["rtol"],
-                                   msg=lambda m: f"{when}grad of {name}: {m}")
+        try:
+            torch.testing.assert_close(p.grad, r.grad, atol=atol, rtol=tol["rtol"],
+                                       msg=lambda m: f"{when}grad of {name}: {m}")
+        except AssertionError:
+            if exact is None:
+                raise
+            ours = float((p.grad.double() - exact[name]).abs().max())
+            eagers = float((r.grad.double() - exact[name]).abs().max())
+            assert ours <= 1.5 * eagers + atol / 10, (
+                f"{when}grad of {name}: {ours:.3g} from float64, eager's {eagers:.3g}")
+
+
+def float64_grads(model, batch) -> dict:
+    """name -> the float64 gradient of ``model``'s loss on ``batch`` (a float64 copy)."""
+    exact = copy.deepcopy(model).double()
+    kw = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+          for k, v in batch.items()}
+    exact(**kw)["loss"].backward()
+    return {n: p.grad for n, p in exact.named_parameters() if p.grad is not None}
 
 
 @pytest.fixture
@@ -155,6 +177,7 @@ def test_generate_matches_eager_without_extra_recompiles(name, dynamic, quiet):
 def test_bf16_autocast_forward_backward_matches_eager(name, quiet):
     model = zoo.build(name).train()
     ref_model = copy.deepcopy(model)
+    ref_model_f64 = copy.deepcopy(model)
     batch = zoo.batch(name, seed=3)
     compiled = torch.compile(model, backend="pypto")
     with collect() as graphs:
@@ -165,7 +188,8 @@ def test_bf16_autocast_forward_backward_matches_eager(name, quiet):
         ref = ref_model(**batch)
     ref["loss"].backward()
     assert_outputs_close(out, ref, **BF16)
-    assert_grads_close(model, ref_model, BF16, scaled=True)
+    assert_grads_close(model, ref_model, BF16, scaled=True,
+                       exact=float64_grads(ref_model_f64, batch))
     assert_compiled_whole(graphs, {"forward", "backward"})
 
 
