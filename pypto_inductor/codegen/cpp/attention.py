@@ -22,7 +22,8 @@ for``; per block of 128 keys, K^T and V are packed as fp32 (zero-padded to a mul
 in the head dim), scores come from a register tile of RT rows x 16/RT vectors of 16 keys,
 the online softmax rescales the running output (exp: the prelude's vectorised ``pi_exp``),
 and P V is a register tile of RT rows x D/16 vectors. Head dims up to 128 are templates
-on D/16; larger ones, dropout and other dtypes keep ATen (:func:`bind_forward` says
+on D/16, each (dtype, D/16) instance its own library, built when a graph first binds it
+(the whole set cost ~6 s of CPU in a cold cache, one instance ~0.5 s); larger ones, dropout and other dtypes keep ATen (:func:`bind_forward` says
 why, and the fusion report lists it per SDPA call).
 """
 from __future__ import annotations
@@ -326,20 +327,6 @@ static void pa_run(void* const* p, const PaArgs& a, int nt) {
   }
 }
 
-template <int DT>
-static void pa_dispatch(void* const* p, const PaArgs& a, int nt) {
-  switch ((a.D + 15) / 16) {
-    case 1: pa_run<DT, 1>(p, a, nt); break;
-    case 2: pa_run<DT, 2>(p, a, nt); break;
-    case 3: pa_run<DT, 3>(p, a, nt); break;
-    case 4: pa_run<DT, 4>(p, a, nt); break;
-    case 5: pa_run<DT, 5>(p, a, nt); break;
-    case 6: pa_run<DT, 6>(p, a, nt); break;
-    case 7: pa_run<DT, 7>(p, a, nt); break;
-    default: pa_run<DT, 8>(p, a, nt); break;
-  }
-}
-
 // native_call's convention: p = q, k, v, mask (q when none), out, lse;
 // s = dt, B, H, Lq, Lk, D, causal, has_mask, scale (float bits), then the strides:
 // q, k, v, mask, out (4 each), lse (3), then query heads per K/V head
@@ -352,11 +339,7 @@ extern "C" void pa_flash_forward(void* const* p, const int64_t*, const int64_t* 
   a.qs = s + 9; a.ks = s + 13; a.vs = s + 17; a.ms = s + 21; a.os = s + 25; a.ls = s + 29;
   a.group = s[32];
   if (a.B * a.H * a.Lq == 0) return;
-  switch (s[0]) {
-    case 0: pa_dispatch<0>(p, a, nt); break;
-    case 2: pa_dispatch<2>(p, a, nt); break;
-    default: pa_dispatch<3>(p, a, nt); break;
-  }
+  pa_run<PA_DT, PA_NV>(p, a, nt);  // one dtype and D/16 per library (_kernel)
 }
 """
 # g++ fuses the tiles' multiply-adds (the kernels' default -ffp-contract=off keeps eager's
@@ -364,20 +347,29 @@ extern "C" void pa_flash_forward(void* const* p, const int64_t*, const int64_t* 
 _FLAGS = ("-ffp-contract=fast",)
 EMPTY_LSE = "0.0f"  # ATen's logsumexp of a fully masked row (tests/test_native_attention.py)
 
-_state: dict = {}
+_libraries: dict = {}  # (dtype code, D/16) -> (call, address), or False: no extension
 
 
-def _kernel():
-    """(the extension's call, pa_flash_forward's address), or None without the extension."""
-    if "call" not in _state:
+def _kernel(dtype_code: int = 0, vectors: int = 1):
+    """(the extension's call, pa_flash_forward's address) for one dtype and head dim of
+    ``vectors`` * 16 (each its own small library: the whole template set took ~6 s of CPU to
+    compile cold, one instance ~0.5 s), or None without the extension."""
+    entry = _libraries.get((dtype_code, vectors))
+    if entry is None:
         call = native_call.extension_call()
-        entry = None
+        entry = False
         if call is not None:
-            lib = compiler.load_library(SOURCE.replace("PA_EMPTY_LSE", EMPTY_LSE),
-                                        ("pa_flash_forward",), flags=_FLAGS)
+            source = (SOURCE.replace("PA_EMPTY_LSE", EMPTY_LSE)
+                      .replace("PA_DT", str(dtype_code)).replace("PA_NV", str(vectors)))
+            lib = compiler.load_library(source, ("pa_flash_forward",), flags=_FLAGS)
             entry = (call, ctypes.cast(lib.pa_flash_forward, ctypes.c_void_p).value)
-        _state["call"] = entry
-    return _state["call"]
+        _libraries[(dtype_code, vectors)] = entry
+    return entry or None
+
+
+def _vectors(head_dim: int) -> int:
+    """D/16 rounded up, 1 to 8: the template instance a head dim runs."""
+    return min(max((head_dim + 15) // 16, 1), MAX_HEAD_DIM // 16)
 
 
 _scale_bits: dict = {}
@@ -413,7 +405,7 @@ def unsupported(query, key, value, dropout_p=0.0, attn_mask=None) -> str | None:
         return "query heads not a multiple of K/V heads"
     if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() not in (2, 4)):
         return f"mask of dtype {attn_mask.dtype} / {attn_mask.dim()} dims"
-    if _kernel() is None:
+    if _kernel(DTYPES[query.dtype], _vectors(d)) is None:
         return "no native call extension (C++ compiler / Python headers)"
     return None
 
@@ -466,8 +458,8 @@ def mask_strides(mask, shape) -> tuple:
 
 def run_kernel(query, key, value, is_causal, attn_mask, scale):
     """The native kernel on operands :func:`unsupported` accepted: (output, logsumexp)."""
-    call, address = _state["call"]
     B, H, Lq, D = query.shape
+    call, address = _kernel(DTYPES[query.dtype], _vectors(D))
     Lk = key.shape[2]
     out = torch.empty_like(query)
     lse = torch.empty_strided((B, H, Lq), (Lq * H, 1, H), dtype=torch.float32)
@@ -522,6 +514,8 @@ def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:
         return f"head dim {d} (native: up to {MAX_HEAD_DIM})"
     if has_mask and (mspec is None or mspec.dtype != q.dtype or len(mspec.shape) not in (2, 4)):
         return "mask not a tensor of the query's dtype"
-    if _kernel() is None:
+    # built now for a static head dim (a symbolic one: on its first call's size)
+    if (native_call.extension_call() if is_symbolic(d)
+            else _kernel(DTYPES[q.dtype], _vectors(int(d)))) is None:
         return "no native call extension (C++ compiler / Python headers)"
     return None
