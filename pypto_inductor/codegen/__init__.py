@@ -77,7 +77,7 @@ class Target(Protocol):
 
     # Optional: ``native_extern(step, graph)`` -> (callable, why) to run an ExternOp with
     # instead of its ATen kernel, (None, why not), or None (no native kernel for the op);
-    # runtime.CompiledGraph._bind_extern asks it (cpu: SDPA's flash forward).
+    # runtime.CompiledGraph._bind_extern asks it (cpu: SDPA's flash forward and backward).
 
 
 def build_each(build: Callable[[FusionTile, TileGraph], Kernel], tiles: list[FusionTile],
