@@ -1,6 +1,7 @@
 """Attention as one step: matmul -> scale -> mask -> softmax -> matmul, written out op by
 op (transformers' eager attention, hand-written attention), becomes one
-``scaled_dot_product_attention`` call, which runs ATen's flash kernel for CPU.
+``scaled_dot_product_attention`` call: ATen's flash kernel for CPU, which the cpu target runs
+with its native kernels where they qualify (codegen/cpp/attention.py, attention_backward.py).
 
 The pass runs on the torch-level FX graph Dynamo hands the backend, before
 AOTAutograd: there the pattern is a handful of calls (``torch.matmul``, ``*``,
