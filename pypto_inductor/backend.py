@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import graph_cache
+from . import graph_cache, precompile
 from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, ConfigError, parse_options
@@ -171,13 +171,15 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     """The Dynamo backend registered as "pypto"."""
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
+    saving = precompile.requested()  # inside aot_compile: the result must serialize
     key = graph_cache.key(gm, example_inputs, config,
                           hardware_model(config.hardware_name, config.capacity_bytes))
-    if key is not None:
+    if key is not None and not saving:
         cached = _from_cache(key, gm, config)
         if cached is not None:
             return cached
-    record = {"inputs": len(example_inputs)} if key is not None else None
+    record = {"inputs": len(example_inputs)} if key is not None or (
+        saving and graph_cache.storable_graph(gm, example_inputs, config)) else None
     attention = []
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         hw = hardware_model(config.hardware_name, config.capacity_bytes)
@@ -188,7 +190,8 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     if config.fusion and not convs:  # a training graph: convolutions channels-last
         use_channels_last(gm, example_inputs)
     try:
-        with python_decompositions_bypassed():  # AOTAutograd traces forward and backward here
+        # AOTAutograd traces forward and backward here
+        with python_decompositions_bypassed(), precompile.autograd_cache_unbundled():
             compiled = aot_autograd(
                 fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention,
                                                         convs),
@@ -198,12 +201,14 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
                 decompositions=decomposition_table(),
                 keep_inference_input_mutations=True,
             )(gm, example_inputs)
-        if record and "plan" in record:
-            graph_cache.save(key, record["plan"])
-        return compiled
     except Exception as e:  # noqa: BLE001 - tracing or decomposing failed: see _unexpected
         _unexpected("the Dynamo graph", e, config)
+        if saving:
+            raise precompile.PrecompileError(f"compiling the graph raised {e!r}") from e
         return gm.forward
+    if key is not None and record and "plan" in record:
+        graph_cache.save(key, record["plan"])
+    return precompile.saved_graph(record, config) if saving else compiled
 
 
 def _from_cache(key: str, gm: fx.GraphModule, config: Config):

@@ -59,16 +59,23 @@ def _static(x) -> bool:
     return type(x) in (int, float, bool)
 
 
+def storable_graph(gm: fx.GraphModule, example_inputs, cfg) -> bool:
+    """Whether a Dynamo graph's compile may be stored (here, or saved by aot_compile:
+    precompile.py): everything its plan depends on is in the graph's code and inputs'
+    metadata."""
+    if cfg.debug_dir or torch._C._is_any_autocast_enabled():
+        return False
+    if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
+        return False
+    # constants' values and called modules' settings are not in the graph's code
+    return not any(n.op in ("get_attr", "call_module") for m in gm.modules()
+                   if isinstance(m, fx.GraphModule) for n in m.graph.nodes) \
+        and all(map(_static, example_inputs))
+
+
 def key(gm: fx.GraphModule, example_inputs, cfg, hw) -> str | None:
     """The cache key of a Dynamo graph, or None when its compile is never stored."""
-    if not enabled() or cfg.debug_dir or torch._C._is_any_autocast_enabled():
-        return None
-    if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
-        return None
-    # constants' values and called modules' settings are not in the graph's code
-    if any(n.op in ("get_attr", "call_module") for m in gm.modules()
-           if isinstance(m, fx.GraphModule) for n in m.graph.nodes) \
-            or not all(map(_static, example_inputs)):
+    if not enabled() or not storable_graph(gm, example_inputs, cfg):
         return None
     h = hashlib.sha256()
     for part in (f"graph format {FORMAT}", torch.__version__, sys.version,
@@ -118,6 +125,22 @@ def _op(qualified: str, overload: str):
     return getattr(getattr(getattr(torch.ops, namespace), name), overload)
 
 
+def dumps(obj) -> bytes:
+    """``obj`` (a FusionPlan, or a tuple holding one) pickled with ops by name; raises
+    pickle.PicklingError for what is not stored (a higher-order op's subgraph, say)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((FORMAT, obj))
+    return buf.getvalue()
+
+
+def loads(data: bytes):
+    """What :func:`dumps` pickled; ValueError for another format's entry."""
+    fmt, obj = pickle.loads(data)
+    if fmt != FORMAT:
+        raise ValueError(f"a graph entry of format {fmt}, not {FORMAT}")
+    return obj
+
+
 def load(k: str) -> FusionPlan | None:
     path = cache_dir() / f"{k}.pkl"
     try:
@@ -126,8 +149,8 @@ def load(k: str) -> FusionPlan | None:
         stats["misses"] += 1
         return None
     try:
-        fmt, plan = pickle.loads(data)
-        if fmt != FORMAT or not isinstance(plan, FusionPlan):
+        plan = loads(data)
+        if not isinstance(plan, FusionPlan):
             raise ValueError("not an entry of this format")
     except Exception:  # noqa: BLE001 - corrupt or stale: compiled anew and rewritten
         stats["rejected"] += 1
@@ -141,9 +164,7 @@ def save(k: str, plan: FusionPlan) -> None:
     """Atomic (plan_cache.write_atomic); a plan that does not pickle (a higher-order op's
     subgraph, say) is not stored."""
     try:
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((FORMAT, plan))
-        plan_cache.write_atomic(cache_dir() / f"{k}.pkl", buf.getvalue())
+        plan_cache.write_atomic(cache_dir() / f"{k}.pkl", dumps(plan))
         stats["stored"] += 1
     except Exception:  # noqa: BLE001 - not storable or a read-only cache: compiled anyway
         stats["bypassed"] += 1

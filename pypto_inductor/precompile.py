@@ -1,0 +1,78 @@
+"""``torch.compile(fn, backend="pypto", fullgraph=True).aot_compile(example_inputs)``.
+
+torch's ahead-of-time compile saves a compiled function to a file and loads it in a new
+process without Dynamo's trace (about 0.9 s of a zoo model's warm first call,
+docs/benchmarks.md). It asks the backend for a callable it can serialize
+(``SerializableCallable``); the backend knows it is asked from torch's functorch config
+(:func:`requested`). What we save is the graph's FusionPlan, pickled as graph_cache stores
+it, with the options: loading rebuilds the CompiledGraph from it (kernels from the kernel
+cache, compiled on a miss), as a graph_cache hit does. So the graphs that can be saved are
+those graph_cache can store (its docstring: inference, static shapes, fresh outputs);
+any other graph gets :class:`PrecompileError` naming why.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
+
+from . import graph_cache
+from .codegen import get_target
+from .config import Config
+from .runtime import CompiledGraph
+
+
+class PrecompileError(RuntimeError):
+    """aot_compile asked to save a graph pypto cannot save."""
+
+
+def requested() -> bool:
+    """Whether the backend runs inside aot_compile (or Dynamo's caching precompile): then
+    AOTAutograd bundles its cache entries, and the result must serialize."""
+    return bool(torch._functorch.config.bundled_autograd_cache
+                or torch._dynamo.config.caching_precompile)
+
+
+@contextlib.contextmanager
+def autograd_cache_unbundled():
+    """AOTAutograd's bundled cache holds Inductor's OutputCode only: our compilers' graphs
+    go around it (what we save is :class:`PrecompiledGraph`)."""
+    with torch._functorch.config.patch(bundled_autograd_cache=False,
+                                       force_autograd_cache=False,
+                                       strict_autograd_cache=False), \
+            torch._dynamo.config.patch(caching_precompile=False):
+        yield
+
+
+class PrecompiledGraph(SerializableCallable):
+    """One inference graph's plan and options, and the CompiledGraph built from them,
+    called as AOTAutograd's inference wrapper calls it (graph_cache.inference_call)."""
+
+    def __init__(self, plan, config: Config):
+        self.plan, self.config = plan, config
+        self._run = graph_cache.inference_call(
+            CompiledGraph(plan, get_target(config.target), config))
+
+    def __call__(self, *args):
+        return self._run(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: "PrecompiledGraph") -> bytes:
+        return graph_cache.dumps((fn.plan, fn.config))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> "PrecompiledGraph":
+        plan, config = graph_cache.loads(data)
+        return cls(plan, config)
+
+
+def saved_graph(record: dict | None, config: Config) -> PrecompiledGraph:
+    """The saveable form of the graph just compiled (``record`` as compile_graph filled it)."""
+    if record is None or "plan" not in record:
+        raise PrecompileError(
+            "pypto can save (aot_compile) inference graphs with static shapes whose outputs "
+            "are fresh tensors: run the function under torch.no_grad() (or with no input "
+            "requiring grad), without dynamic shapes, autocast or a debug_dir. Other graphs: "
+            "use torch.compile(..., backend='pypto') without aot_compile.")
+    return PrecompiledGraph(record["plan"], config)
