@@ -28,16 +28,15 @@ class PrecompileError(RuntimeError):
 
 
 def requested() -> bool:
-    """Whether the backend runs inside aot_compile (or Dynamo's caching precompile): then
-    AOTAutograd bundles its cache entries, and the result must serialize."""
-    return bool(torch._functorch.config.bundled_autograd_cache
-                or torch._dynamo.config.caching_precompile)
+    """Whether the backend runs inside aot_compile, which turns AOTAutograd's bundled cache
+    on (off by default) and needs a result it can serialize."""
+    return bool(torch._functorch.config.bundled_autograd_cache)
 
 
 @contextlib.contextmanager
 def autograd_cache_unbundled():
-    """AOTAutograd's bundled cache holds Inductor's OutputCode only: our compilers' graphs
-    go around it (what we save is :class:`PrecompiledGraph`)."""
+    """AOTAutograd's bundled cache (aot_compile, Dynamo's caching precompile) holds
+    Inductor's OutputCode only: our compilers' graphs go around it."""
     with torch._functorch.config.patch(bundled_autograd_cache=False,
                                        force_autograd_cache=False,
                                        strict_autograd_cache=False), \
