@@ -35,12 +35,11 @@ def requested() -> bool:
 
 @contextlib.contextmanager
 def autograd_cache_unbundled():
-    """AOTAutograd's bundled cache (aot_compile, Dynamo's caching precompile) holds
-    Inductor's OutputCode only: our compilers' graphs go around it."""
+    """AOTAutograd's bundled cache (which aot_compile turns on) holds Inductor's OutputCode
+    only: our compilers' graphs go around it."""
     with torch._functorch.config.patch(bundled_autograd_cache=False,
                                        force_autograd_cache=False,
-                                       strict_autograd_cache=False), \
-            torch._dynamo.config.patch(caching_precompile=False):
+                                       strict_autograd_cache=False):
         yield
 
 
