@@ -4,8 +4,8 @@ The function is ``extern "C" void pi_kernel(void* const* ptrs, const int64_t*
 meta, const int64_t* syms, int nt)``: ``ptrs`` holds the inputs then the
 outputs, ``meta`` each input's sizes then strides, ``syms`` the graph's size
 symbols, ``nt`` the thread count. Domain sizes are printed from sympy with
-torch's CppPrinter. Work items (rows, or row chunks for pointwise tiles) run
-under ``omp parallel for``; each reduction is one ``omp simd reduction`` pass
+torch's CppPrinter. Work items (rows, or row chunks for pointwise tiles, or blocks of
+rows for pointwise tiles of a few columns) run under ``omp parallel for``; each reduction is one ``omp simd reduction`` pass
 over the row; a fast path with unit/zero column strides (checked once per call)
 is emitted beside a generic strided path.
 """
@@ -96,9 +96,10 @@ SERIAL_COPY = True
 HOIST_BROADCAST_LOADS = True
 # A pointwise tile whose rows are a few columns (a constant up to NARROW_MAX_COLS: T5's
 # masked position bias, [B, S, S, H] with H = 4 last) runs blocks of up to NARROW_BLOCK rows
-# along the innermost row dim per work item, each row's offsets stepped from the block's
-# (no decomposition of the row index per row) and its columns a constant-bound loop GCC
-# unrolls; one row per work item cost ~10 cycles for 4 elements (docs/benchmarks.md, k18a).
+# along the innermost row dim per work item, each row's offsets stepped from the block's:
+# one row per work item decomposed its index and recomputed every offset per row, which
+# cost more than its 4 elements (65536 rows: 206 -> 77 us a call, one thread; Inductor 62;
+# docs/benchmarks.md, k18a). The same code per row runs: the same values.
 NARROW_ROWS = True
 NARROW_MAX_COLS = 8
 NARROW_BLOCK = 1024
