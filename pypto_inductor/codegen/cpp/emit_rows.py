@@ -4,8 +4,8 @@ The function is ``extern "C" void pi_kernel(void* const* ptrs, const int64_t*
 meta, const int64_t* syms, int nt)``: ``ptrs`` holds the inputs then the
 outputs, ``meta`` each input's sizes then strides, ``syms`` the graph's size
 symbols, ``nt`` the thread count. Domain sizes are printed from sympy with
-torch's CppPrinter. Work items (rows, or row chunks for pointwise tiles) run
-under ``omp parallel for``; each reduction is one ``omp simd reduction`` pass
+torch's CppPrinter. Work items (rows, or row chunks for pointwise tiles, or blocks of
+rows for pointwise tiles of a few columns) run under ``omp parallel for``; each reduction is one ``omp simd reduction`` pass
 over the row; a fast path with unit/zero column strides (checked once per call)
 is emitted beside a generic strided path.
 """
@@ -94,6 +94,15 @@ SERIAL_COPY = True
 # which the serial copy above hit in row kernels summing columns (LayerNorm backward,
 # 512 x 64, one thread: 65 -> 15 us a call; k16x). The same value is read: bit-exact.
 HOIST_BROADCAST_LOADS = True
+# A pointwise tile whose rows are a few columns (a constant up to NARROW_MAX_COLS: T5's
+# masked position bias, [B, S, S, H] with H = 4 last) runs blocks of up to NARROW_BLOCK rows
+# along the innermost row dim per work item, each row's offsets stepped from the block's:
+# one row per work item decomposed its index and recomputed every offset per row, which
+# cost more than its 4 elements (65536 rows: 206 -> 77 us a call, one thread; Inductor 62;
+# docs/benchmarks.md, k18a). The same code per row runs: the same values.
+NARROW_ROWS = True
+NARROW_MAX_COLS = 8
+NARROW_BLOCK = 1024
 
 
 class RowEmitter:
@@ -242,8 +251,13 @@ class RowEmitter:
         blocked = not p.reduction and any(
             a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
         rows_per_item = f"((R + {BLOCK_ROWS} - 1) / {BLOCK_ROWS})" if blocked else "R"
+        narrow = not blocked and self.narrow_rows(has_fast)
         if self.colsums:  # work items are runs of rows (column_sum_runs)
             self.column_sum_runs()
+        elif narrow:  # blocks of rows along the innermost row dim (NARROW_ROWS)
+            last = self.outer - 1
+            w(f"  const int64_t NCH = 1, NJB = (D{last} + {NARROW_BLOCK - 1}) / {NARROW_BLOCK}, "
+              f"W = (D{last} > 0 ? R / D{last} : 0) * NJB; (void)NCH;")
         else:
             w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
         self.stage_call()
@@ -268,6 +282,14 @@ class RowEmitter:
             w(f"   for (int64_t cb = cc0; cb < cc1; cb += {BLOCK_COLS})")
             w("   for (int64_t r = rb0; r < rb1; ++r) {")
             w(f"    const int64_t c0 = cb, c1 = std::min<int64_t>(cb + {BLOCK_COLS}, cc1);")
+        elif narrow:  # the block's rows, then the row's code (no index decomposition)
+            self.narrow_block()
+            self.body(has_fast)
+            w("   }")
+            w("  }")
+            self.parallel_loop(loop_start)
+            w("}")
+            return "\n".join(self.lines) + "\n"
         else:
             w("    const int64_t r = wi / NCH, c0 = (wi % NCH) * CH, c1 = std::min(c0 + CH, C);")
         if self.static:
@@ -302,6 +324,44 @@ class RowEmitter:
             self.column_sum_totals()
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    def narrow_rows(self, has_fast: bool) -> bool:
+        """Whether this kernel runs blocks of rows per work item (NARROW_ROWS): a pointwise
+        tile of one column dim with at most NARROW_MAX_COLS (constant) columns, at least one
+        row dim, each access read in the domain's frame (no reshaped read, cat, row cat or
+        gather) and no fp16/bf16 staging."""
+        p = self.p
+        cols = self.static_cols()
+        if not NARROW_ROWS or p.reduction or self.colsums or p.m != 1 or not self.outer \
+                or cols is None or cols > NARROW_MAX_COLS or not has_fast \
+                or getattr(p, "cat_bounds", None) or getattr(p, "writes", None):
+            return False
+        halves = (torch.float16, torch.bfloat16)
+        if any(s.dtype in halves for s in p.input_specs) \
+                or any(s.dtype in halves for _, s in p.outputs):
+            return False
+        if any(self.frame_of[k] is not None or a.row_shift or a.offset is not None
+               for k, a in enumerate(p.accesses)):
+            return False
+        return not any(x.kind in ("gather", "iota") or (x.kind == "op" and x.attrs.get("op")
+                       == "cat") for x in p.nodes)
+
+    def narrow_block(self) -> None:
+        """Work item wi of a narrow-row kernel: rows j0..j1 of the innermost row dim under
+        one index of the outer row dims; each row's offsets b<k> step from the block's."""
+        w, last = self.w, self.outer - 1
+        w(f"    const int64_t q = wi / NJB, j0 = (wi % NJB) * {NARROW_BLOCK}, "
+          f"j1 = std::min<int64_t>(j0 + {NARROW_BLOCK}, D{last});")
+        w("    int64_t t = q; (void)t;")
+        for d in range(last - 1, -1, -1):
+            w(f"    const int64_t i{d} = t % D{d}; t /= D{d};")
+        for k in range(len(self.p.accesses)):
+            base = " + ".join(f"i{d} * a{k}_{d}" for d in range(last)) or "0"
+            w(f"    const int64_t e{k} = {base};")
+        w(f"   for (int64_t i{last} = j0; i{last} < j1; ++i{last}) {{")
+        w(f"    const int64_t r = q * D{last} + i{last}, c0 = 0, c1 = C; (void)c0; (void)c1;")
+        for k in range(len(self.p.accesses)):
+            w(f"    const int64_t b{k} = e{k} + i{last} * a{k}_{last};")
 
     # hooks of a mixed reduction's kernel (emit_mixed): each pass over the row in a loop
     # over the outer reduced index, and where that row's per-element outputs start
