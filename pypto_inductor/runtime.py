@@ -32,6 +32,11 @@ from .codegen.graph import buffers, compile_graph, graph_source, size_only_steps
     small_outputs, static_reuse
 
 
+# A kernel with returned outputs takes its other outputs from the buffer pool when every
+# returned one is small and static (CompiledGraph._compile_step)
+POOL_BESIDE_SMALL_RETURNS = True
+
+
 class KernelBuildError(RuntimeError):
     """A FusionTile's kernel could not be built (raised only with fallback='error')."""
 
@@ -121,6 +126,11 @@ class CompiledGraph:
         # small static outputs never go to the pool (codegen/graph/buffers.small_outputs)
         self._small = (small_outputs(self.program, self.kernels, self.pool_empty)
                        if self.pool is not None else {})
+        for kind, name, _, _, outs, step in self.program:  # only if the code allocates them
+            if name in self.pool_empty and any(  # directly (write.py's ``direct``)
+                    n in graph.outputs and s not in self._small
+                    for n, s in zip(step.outputs, outs)):
+                self.pool_empty.discard(name)
         sized = self._pool_sized()
         self.source, bound = graph_source(
             graph, self.program, self._free_after, probe=self._probe,
@@ -174,8 +184,15 @@ class CompiledGraph:
                     and not (kernel.launch is None and self._small_outputs(step)):
                 self.pooled.update(s for s in outs if s is not None)
                 # a kernel whose output is returned allocates afresh: taking a pooled
-                # buffer there would hand it to the caller and leave a later kernel a miss
-                if not set(step.outputs) & set(graph.outputs):
+                # buffer there would hand it to the caller and leave a later kernel a miss;
+                # unless each returned output is small and static (the generated code then
+                # allocates it directly, buffers.small_outputs): BatchNorm backward's [C]
+                # weight grad must not make its 1 MiB input grad a fresh buffer per call
+                returned = set(step.outputs) & set(graph.outputs)
+                if not returned or (POOL_BESIDE_SMALL_RETURNS and kernel.launch is not None
+                                    and not getattr(kernel.launch, "gemm", False)
+                                    and alloc.empty_strided_cpu is not None
+                                    and self._small_outputs(step, returned)):
                     fn = functools.partial(fn, empty=self.pool.empty)
                     self.pool_empty.add(step.name)
             return ("kernel", step.name, fn, ins, outs)
@@ -186,12 +203,13 @@ class CompiledGraph:
         assert isinstance(step, ExternOp)
         return self._compile_extern(step, symbols)
 
-    def _small_outputs(self, tile: FusionTile) -> bool:
+    def _small_outputs(self, tile: FusionTile, names=None) -> bool:
         """Whether every output of the tile has a static shape of at most
         buffers.SMALL_OUTPUT_BYTES: a kernel called through its wrapper (a GEMM with a
         native epilogue) then allocates them itself, no pool round trip and refcount check
         (inline kernels: buffers.small_outputs)."""
-        specs = [self.plan.graph.specs[n] for n in tile.outputs if n is not None]
+        specs = [self.plan.graph.specs[n] for n in tile.outputs if n is not None
+                 and (names is None or n in names)]
         return all(not is_symbolic(numel(sp.shape)) and
                    int(numel(sp.shape)) * sp.dtype.itemsize <= buffers.SMALL_OUTPUT_BYTES
                    for sp in specs)
