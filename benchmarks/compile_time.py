@@ -61,7 +61,7 @@ def _tiny_mlp():
     return TinyMLP(), {"x": torch.randn(8, 16), "labels": torch.randint(0, 4, (8,))}
 
 
-def _model(name: str, mode: str):
+def model_and_batch(name: str, mode: str):
     """(model, keyword batch) for ``name``: as benchmarks/zoo.py's forward or train."""
     import transformers
 
@@ -88,7 +88,7 @@ def child(name: str, backend: str, started: float, mode: str = "forward") -> dic
     import torch
 
     torch.set_num_threads(1)
-    model, kw = _model(name, mode)
+    model, kw = model_and_batch(name, mode)
     f = torch.compile(model, backend=backend)
 
     def step():

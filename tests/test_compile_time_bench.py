@@ -16,10 +16,10 @@ def test_train_mode_times_a_cold_and_a_warm_training_step():
 
 
 def test_train_mode_step_runs_a_backward():
-    model, kw = compile_time._model(compile_time.TINY, "train")
+    model, kw = compile_time.model_and_batch(compile_time.TINY, "train")
     assert model.training and "labels" in kw
     model(**kw)["loss"].backward()
     assert all(p.grad is not None and math.isfinite(p.grad.abs().sum().item())
                for p in model.parameters())
-    model, kw = compile_time._model(compile_time.TINY, "forward")
+    model, kw = compile_time.model_and_batch(compile_time.TINY, "forward")
     assert not model.training and "labels" not in kw
