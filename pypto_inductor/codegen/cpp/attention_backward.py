@@ -556,7 +556,8 @@ _FLAGS = ("-ffp-contract=fast",)  # the matmul tiles' a * b + c are FMAs (ATen's
 _SYMBOL = "pa_flash_backward_call"
 # One library per (dtype, head-dim block) a graph binds, as the forward's (attention._kernel):
 # the whole template set took 1.45 s of CPU to compile cold. Switch: the benchmark's "before"
-# (one library with every instance, dispatching per call).
+# (one library with every instance, dispatching per call). Read per call (the instance is
+# looked up by each call's dtype and D): the same template code runs either way, bit for bit.
 SPLIT_INSTANCES = True
 libraries: dict = {}  # (dtype code, D/16 block) -> (call, kernel address), or False
 
