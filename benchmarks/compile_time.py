@@ -1,7 +1,10 @@
 """``python -m benchmarks compile_time``: cold compile and warm start, pypto vs Inductor.
 
-Per zoo model (the forward at 4 x 128 tokens of benchmarks/zoo.py) and backend, each in a
-fresh Python process:
+Per zoo model and backend, each in a fresh Python process, the first call of a step:
+``--mode forward`` (default) the forward at 4 x 128 tokens of benchmarks/zoo.py under
+``no_grad``; ``--mode train`` the first training step of benchmarks/zoo.py's ``train``
+workload (``model.train()``, ``model(**batch)["loss"].backward()``, labels included: a
+forward and a backward graph compile). Per step:
 
 - ``cold``: empty cache directories (``PYPTO_INDUCTOR_CACHE_DIR``,
   ``TORCHINDUCTOR_CACHE_DIR``): the first call's wall time, and the CPU time it used in
@@ -27,6 +30,8 @@ import tempfile
 import time
 
 DEFAULT_MODELS = "gpt2,bert,llama,distilbert"
+MODES = ("forward", "train")
+TINY = "tiny-mlp"  # not a zoo model: a two-layer MLP with a loss, for the tests
 COLUMNS = ["model", "pypto cold s", "pypto cold cpu s", "inductor cold s",
            "inductor cold cpu s", "pypto/inductor cold", "pypto/inductor cold cpu",
            "pypto warm first call s", "pypto warm cpu s", "pypto warm start s",
@@ -39,9 +44,25 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def child(name: str, backend: str, started: float) -> dict:
-    """Build ``name``, run its compiled forward once; times of that first call."""
+def _tiny_mlp():
     import torch
+
+    class TinyMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, x, labels=None):
+            logits = self.fc2(torch.relu(self.fc1(x)))
+            loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+            return {"logits": logits, "loss": loss}
+
+    torch.manual_seed(0)
+    return TinyMLP(), {"x": torch.randn(8, 16), "labels": torch.randint(0, 4, (8,))}
+
+
+def model_and_batch(name: str, mode: str):
+    """(model, keyword batch) for ``name``: as benchmarks/zoo.py's forward or train."""
     import transformers
 
     from pypto_inductor import zoo
@@ -49,26 +70,47 @@ def child(name: str, backend: str, started: float) -> dict:
     from . import zoo as bench_zoo
 
     transformers.logging.set_verbosity_error()
-    torch.set_num_threads(1)
-    model = bench_zoo.build(name)
-    kw = bench_zoo.batch(name)
-    if zoo.ZOO[name].kind != "seq2seq":  # as benchmarks/zoo.py's forward: no labels
+    if name == TINY:
+        model, kw = _tiny_mlp()
+    else:
+        model, kw = bench_zoo.build(name), bench_zoo.batch(name)
+    if mode == "train":
+        return model.train(), kw
+    if name == TINY or zoo.ZOO[name].kind != "seq2seq":  # as zoo.py's forward: no labels
         kw.pop("labels", None)
+    return model.eval(), kw
+
+
+def child(name: str, backend: str, started: float, mode: str = "forward") -> dict:
+    """Build ``name``, run its compiled step (``mode``) once; times of that first call."""
+    import contextlib
+
+    import torch
+
+    torch.set_num_threads(1)
+    model, kw = model_and_batch(name, mode)
     f = torch.compile(model, backend=backend)
-    with torch.no_grad():
+
+    def step():
+        if mode == "train":
+            f(**kw)["loss"].backward()
+        else:
+            f(**kw)
+
+    with torch.no_grad() if mode == "forward" else contextlib.nullcontext():
         cpu, start = _cpu_s(), time.perf_counter()
-        f(**kw)
+        step()
         first = time.perf_counter() - start
         cpu = _cpu_s() - cpu
     return {"first_s": first, "cpu_s": cpu, "start_s": time.time() - started}
 
 
-def _run(name: str, backend: str, caches: str) -> dict:
+def _run(name: str, backend: str, caches: str, mode: str = "forward") -> dict:
     env = dict(os.environ, PYPTO_INDUCTOR_CACHE_DIR=os.path.join(caches, "pypto"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                TORCHINDUCTOR_COMPILE_THREADS="1")
     cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", name, backend,
-           repr(time.time())]
+           repr(time.time()), mode]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -76,13 +118,13 @@ def _run(name: str, backend: str, caches: str) -> dict:
     return json.loads(lines[-1])
 
 
-def measure(name: str, backends=("pypto", "inductor")) -> dict:
+def measure(name: str, backends=("pypto", "inductor"), mode: str = "forward") -> dict:
     result = {}
     for backend in backends:
         caches = tempfile.mkdtemp(prefix=f"pypto_compile_time_{backend}_")
         try:
-            result[backend, "cold"] = _run(name, backend, caches)
-            result[backend, "warm"] = _run(name, backend, caches)
+            result[backend, "cold"] = _run(name, backend, caches, mode)
+            result[backend, "warm"] = _run(name, backend, caches, mode)
         finally:
             shutil.rmtree(caches, ignore_errors=True)
     return result
@@ -104,25 +146,27 @@ def row(name: str, r: dict) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        print(json.dumps(child(argv[1], argv[2], float(argv[3]))), flush=True)
+        print(json.dumps(child(argv[1], argv[2], float(argv[3]), *argv[4:5])), flush=True)
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks compile_time")
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names")
     parser.add_argument("--markdown", default="", help="also append the table to this file")
     parser.add_argument("--backends", default="pypto,inductor",
                         help="comma-separated: pypto, inductor")
+    parser.add_argument("--mode", default="forward", choices=MODES,
+                        help="forward (no_grad) or train (first forward+backward step)")
     args = parser.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
     print(" | ".join(COLUMNS), flush=True)
     rows = []
     for name in (m for m in args.models.split(",") if m):
-        rows.append(row(name, measure(name, backends)))
+        rows.append(row(name, measure(name, backends, args.mode)))
         print(" | ".join(rows[-1]), flush=True)
     if args.markdown:
         from . import md_table
 
         with open(args.markdown, "a") as f:
-            f.write(f"\n## Compile time ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
+            f.write(f"\n## Compile time, {args.mode} ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
                     + "\n".join(md_table(COLUMNS, rows)) + "\n")
     return 0
 

@@ -250,3 +250,19 @@ def test_compiled_training_step_switch_off_keeps_aten(monkeypatch):
     choices, calls = _compiled_sdpa_step(monkeypatch, native=False)
     assert not calls
     assert choices.get("NATIVE_BACKWARD is off") is False, choices
+
+
+def test_a_library_per_dtype_and_head_dim_block(monkeypatch):
+    """SPLIT_INSTANCES: each (dtype, head-dim block) its own library, built when first
+    used; the gradients are bit for bit those of the library with every instance."""
+    monkeypatch.setattr(ab, "libraries", {})
+    cases = [(torch.float32, 16), (torch.bfloat16, 40)]
+    inputs = [_inputs(2, 2, 33, 20, d, dtype, causal=True) for dtype, d in cases]
+    got = [_check(args, True, None) for args in inputs]
+    assert set(ab.libraries) == {(0, 1), (2, 4)}
+    monkeypatch.setattr(ab, "SPLIT_INSTANCES", False)
+    whole = [ab.flash_attention_backward(*args, 0.0, True, None, None) for args in inputs]
+    assert (-1, 0) in ab.libraries
+    for g, w in zip(got, whole):
+        for x, y in zip(g, w):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)

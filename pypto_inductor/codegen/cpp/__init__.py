@@ -41,6 +41,13 @@ DEVICES = ("cpu",)  # the kernels read host memory (the runtime runs other devic
 
 # --- build ----------------------------------------------------------------------------
 warned_no_compiler = False  # the missing compiler is reported once per process
+# Tiles of a graph whose C++ is the same (ResNet's BatchNorms of one width: 93 tiles of a
+# training step, 42 distinct sources) compile once: one function in the library, bound by
+# each (build_many). Switch: the benchmark's "before".
+DEDUPE_KERNELS = True
+# Counters, for tests and reports: native tiles build_many bound, functions it compiled
+# (or loaded) for them.
+stats = {"tiles": 0, "functions": 0}
 
 
 def check_available() -> None:
@@ -98,8 +105,9 @@ def build_many(tiles: list, graph: TileGraph) -> list:
     The native tiles compile together: their sources become one translation unit (one
     prelude, each tile's function renamed ``pi_kernel_<index>``), split into at most
     ``compiler.jobs()`` chunks by source size that compile concurrently, one shared
-    library per chunk. A chunk that fails to compile is rebuilt tile by tile, so only the
-    tile at fault gets the error.
+    library per chunk; tiles with the same source share one function (DEDUPE_KERNELS).
+    A chunk that fails to compile is rebuilt tile by tile, so only the tile at fault gets
+    the error.
     """
     results: list = [None] * len(tiles)
     pending: list[tuple[int, Pending]] = []
@@ -117,23 +125,35 @@ def build_many(tiles: list, graph: TileGraph) -> list:
         for i, _ in pending:
             results[i] = _reference(tiles[i], graph, "no C++ compiler")
         return results
-    chunks = plan_chunks(pending, compiler.jobs())
+    # tiles sharing a source: the first compiles, the others bind its function
+    same: dict[int, list] = {}  # index of the first tile with a source -> the others
+    first: dict[str, int] = {}
+    for i, prepared in pending:
+        k = first.setdefault(prepared.source, i) if DEDUPE_KERNELS else i
+        same.setdefault(k, []).append((i, prepared))
+    unique = [(i, p) for i, p in pending if i in same]
+    stats["tiles"] += len(pending)
+    stats["functions"] += len(unique)
+    chunks = plan_chunks(unique, compiler.jobs())
     sources = [library_source(chunk) for chunk in chunks]
     retry: list[tuple[int, Pending]] = []
     for chunk, (_, symbols), lib in zip(chunks, sources, compiler.load_many(sources)):
         if isinstance(lib, Exception):
             if len(chunk) == 1:
-                results[chunk[0][0]] = lib
+                for i, _ in same[chunk[0][0]]:
+                    results[i] = lib
             else:
                 retry += chunk
             continue
-        for (i, prepared), symbol in zip(chunk, symbols):
-            results[i] = _finish(prepared, getattr(lib, symbol))
+        for (k, _), symbol in zip(chunk, symbols):
+            for i, prepared in same[k]:
+                results[i] = _finish(prepared, getattr(lib, symbol))
     if retry:  # isolate the tile(s) whose code does not compile
         libraries = compiler.load_many((p.source, (SYMBOL,)) for _, p in retry)
-        for (i, prepared), lib in zip(retry, libraries):
-            results[i] = lib if isinstance(lib, Exception) else \
-                _finish(prepared, getattr(lib, SYMBOL))
+        for (k, _), lib in zip(retry, libraries):
+            for i, prepared in same[k]:
+                results[i] = lib if isinstance(lib, Exception) else \
+                    _finish(prepared, getattr(lib, SYMBOL))
     return results
 
 

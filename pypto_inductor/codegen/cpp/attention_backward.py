@@ -53,6 +53,18 @@ SOURCE = PRELUDE + r"""
 #include <omp.h>
 
 // 16 floats: one AVX-512 register (two AVX2 ones elsewhere); unaligned access through pa_vu
+PA_INSTANCE
+// PA_DT >= 0: the library runs that dtype only, PA_DV > 0: that head-dim block only
+// (native_kernel); else every instance, chosen per call
+#if PA_DT >= 0
+#define PA_BY_DT(...) { constexpr int DT = PA_DT; __VA_ARGS__; }
+#else
+#define PA_BY_DT(...) switch (J.dt) { \
+    case 0: { constexpr int DT = 0; __VA_ARGS__; break; } \
+    case 2: { constexpr int DT = 2; __VA_ARGS__; break; } \
+    default: { constexpr int DT = 3; __VA_ARGS__; } }
+#endif
+
 typedef float pa_v __attribute__((vector_size(64)));
 typedef float pa_vu __attribute__((vector_size(64), aligned(4)));
 PI_INLINE pa_v pa_ld(const float* p) { return *(const pa_vu*)p; }
@@ -437,21 +449,13 @@ static void pa_head(const PaJob& J, int64_t b, int64_t h, float* ws) {
   float* Pb = dVt + DP * BN;
   float* dSb = Pb + PA_BM * PA_BN;
   float* mrow = dSb + PA_BM * PA_BN;
-  switch (J.dt) {
-    case 0: pa_stage_head<0>(J, DP, b, h, Qf, dOf, dQ, lse, Di); break;
-    case 2: pa_stage_head<2>(J, DP, b, h, Qf, dOf, dQ, lse, Di); break;
-    default: pa_stage_head<3>(J, DP, b, h, Qf, dOf, dQ, lse, Di);
-  }
+  PA_BY_DT(pa_stage_head<DT>(J, DP, b, h, Qf, dOf, dQ, lse, Di));
   memset(dQ, 0, (size_t)(Mp * DP) * 4);
   const int mes = J.mdt == 0 ? 4 : 2;
   const char* mbase = J.mdt < 0 ? nullptr : (const char*)J.p[6] + (b * s[23] + h * s[24]) * mes;
   for (int64_t n0 = 0; n0 < N; n0 += BN) {
     const int64_t nk = std::min(BN, N - n0), ld = pa_up16(nk);
-    switch (J.dt) {
-      case 0: pa_stage_keys<0>(J, DP, b, h, n0, nk, ld, Kt, Vt, Kf); break;
-      case 2: pa_stage_keys<2>(J, DP, b, h, n0, nk, ld, Kt, Vt, Kf); break;
-      default: pa_stage_keys<3>(J, DP, b, h, n0, nk, ld, Kt, Vt, Kf);
-    }
+    PA_BY_DT(pa_stage_keys<DT>(J, DP, b, h, n0, nk, ld, Kt, Vt, Kf));
     memset(dKt, 0, (size_t)(DP * ld) * 4);
     memset(dVt, 0, (size_t)(DP * ld) * 4);
     // causal: queries before n0 see no key of this block
@@ -486,27 +490,23 @@ static void pa_head(const PaJob& J, int64_t b, int64_t h, float* ws) {
       pa_acc(dKt, ld, Qf + m0 * DP, DP, dSb, nc, mr);
       pa_dq<DV>(dQ + m0 * DP, dSb, nc, Kf, mr);
     }
-    switch (J.dt) {
-      case 0: pa_store_keys<0>(J, b, h, n0, nk, ld, dKt, dVt); break;
-      case 2: pa_store_keys<2>(J, b, h, n0, nk, ld, dKt, dVt); break;
-      default: pa_store_keys<3>(J, b, h, n0, nk, ld, dKt, dVt);
-    }
+    PA_BY_DT(pa_store_keys<DT>(J, b, h, n0, nk, ld, dKt, dVt));
   }
   const int es = J.dt == 0 ? 4 : 2;
   char* gq = (char*)J.p[7] + (b * s[27] + h * s[28]) * es;
-  switch (J.dt) {
-    case 0: pa_store<0>(gq, s[29], dQ, DP, false, M, J.D, J.scale); break;
-    case 2: pa_store<2>(gq, s[29], dQ, DP, false, M, J.D, J.scale); break;
-    default: pa_store<3>(gq, s[29], dQ, DP, false, M, J.D, J.scale);
-  }
+  PA_BY_DT(pa_store<DT>(gq, s[29], dQ, DP, false, M, J.D, J.scale));
 }
 
 static void pa_one_head(const PaJob& J, int64_t z, float* ws) {
   const int64_t b = z / J.H, h = z % J.H;
+#if PA_DV > 0
+  pa_head<PA_DV>(J, b, h, ws);
+#else
   if (J.D <= 16) pa_head<1>(J, b, h, ws);
   else if (J.D <= 32) pa_head<2>(J, b, h, ws);
   else if (J.D <= 64) pa_head<4>(J, b, h, ws);
   else pa_head<8>(J, b, h, ws);
+#endif
 }
 
 // native_call's convention: p = grad_out, q, k, v, out, lse, mask (q when none), grad_q,
@@ -554,23 +554,38 @@ extern "C" void pa_flash_backward_call(void* const* p, const int64_t*, const int
 
 _FLAGS = ("-ffp-contract=fast",)  # the matmul tiles' a * b + c are FMAs (ATen's gemms' too)
 _SYMBOL = "pa_flash_backward_call"
-_state: dict = {}  # "call": (extension call, kernel address) or None where unavailable
+# One library per (dtype, head-dim block) a graph binds, as the forward's (attention._kernel):
+# the whole template set took 1.45 s of CPU to compile cold. Switch: the benchmark's "before"
+# (one library with every instance, dispatching per call). Read per call (the instance is
+# looked up by each call's dtype and D): the same template code runs either way, bit for bit.
+SPLIT_INSTANCES = True
+libraries: dict = {}  # (dtype code, D/16 block) -> (call, kernel address), or False
 
 
-def native_kernel():
-    """(native_call's ``call_status``, the kernel's address), built on first use; None
+def head_block(head_dim: int) -> int:
+    """The head dim's block of 16 floats the kernel pads it to: 1, 2, 4 or 8."""
+    return 1 if head_dim <= 16 else 2 if head_dim <= 32 else 4 if head_dim <= 64 else 8
+
+
+def native_kernel(dtype_code: int = 0, block: int = 1):
+    """(native_call's ``call_status``, the kernel's address) for one dtype code
+    (:data:`DTYPES`) and head-dim block (:func:`head_block`), built on first use; None
     without a C++ compiler or the extension."""
-    if "call" not in _state:
-        found = None
+    key = (dtype_code, block) if SPLIT_INSTANCES else (-1, 0)
+    entry = libraries.get(key)
+    if entry is None:
+        entry = False
         try:
             call = native_call.extension_call_status()
             if call is not None:
-                lib = compiler.load_library(SOURCE, (_SYMBOL,), flags=_FLAGS)
-                found = (call, ctypes.cast(getattr(lib, _SYMBOL), ctypes.c_void_p).value)
+                source = SOURCE.replace("PA_INSTANCE", f"#define PA_DT {key[0]}\n"
+                                        f"#define PA_DV {key[1]}")
+                lib = compiler.load_library(source, (_SYMBOL,), flags=_FLAGS)
+                entry = (call, ctypes.cast(getattr(lib, _SYMBOL), ctypes.c_void_p).value)
         except (compiler.CompilerNotFound, compiler.CompileError):
-            found = None
-        _state["call"] = found
-    return _state["call"]
+            entry = False
+        libraries[key] = entry
+    return entry or None
 
 
 def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
@@ -614,7 +629,7 @@ def eligible(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
         if len(mshape) not in (2, 4) or mshape[-2] not in (1, m) or mshape[-1] not in (1, n) \
                 or (len(mshape) == 4 and (mshape[0] not in (1, b) or mshape[1] not in (1, h))):
             return f"mask shape {tuple(mshape)}"
-    if _state.get("call") is None and native_kernel() is None:
+    if native_kernel(DTYPES[dtype], head_block(d)) is None:
         return "no C++ compiler or native call extension"
     return None
 
@@ -646,9 +661,9 @@ def flash_attention_backward_bound(grad_out, query, key, value, out, logsumexp, 
                 attn_mask, scale) is not None:
         return ATEN_BACKWARD(grad_out, query, key, value, out, logsumexp, dropout_p,
                              is_causal, attn_mask=attn_mask, scale=scale)
-    call, address = _state["call"]
     dtype = query.dtype
     b, h, m, d = query.shape
+    call, address = native_kernel(DTYPES[dtype], head_block(d))
     if d > 1 and grad_out.stride(3) != 1:  # a broadcast gradient (ATen copies it too)
         grad_out = grad_out.contiguous()
     gq, gk, gv = _grad(query.shape, dtype), _grad(key.shape, dtype), _grad(value.shape, dtype)
@@ -692,7 +707,10 @@ def bind(step, specs) -> tuple:
     q = specs[names[1]]
     if q.dtype not in DTYPES or any(specs[n].dtype != q.dtype for n in names):
         return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
-    if native_kernel() is None:
+    d = q.shape[-1]  # a constant head dim: its instance builds now, else on the first call
+    d = int(d) if getattr(d, "is_Integer", False) else d
+    if (native_kernel(DTYPES[q.dtype], head_block(int(d))) if isinstance(d, int)
+            else native_call.extension_call_status()) is None:
         return None, "no native call extension (C++ compiler / Python headers)"
     return flash_attention_backward_bound, (
         f"native flash-attention backward (codegen/cpp/attention_backward.py, "

@@ -34,6 +34,13 @@ SUM_BLOCK_NARROW = 32
 # accumulators, rows mod 32. Our runs are the same, totalled in double. Switch: the
 # benchmark's "before".
 NARROW_EAGER_ORDER = True
+# Compile time: the narrow sums are a template over the kept count NR, one instance per case
+# of ``switch (nr)``, each with unrolled loops (~0.3 s of g++ per case per pass: a BatchNorm
+# statistics kernel took 2.2 s, 0.3 s without them). With the last kept size K a constant,
+# only the cases nr can take are written (:func:`narrow_counts`): none for K a multiple of
+# NARROW_ROWS (every block then has a multiple of it), only K for K < NARROW_ROWS. Same code
+# at run time. Switch: the benchmark's "before".
+STATIC_NARROW_CASES = True
 NARROW_EAGER_BLOCK = 512  # reduced elements a block of the narrow sums spans (16 runs of 32)
 # Blocks of fewer kept elements ([N, 4].sum(0)) loop over them outside and vectorise over the
 # reduced elements inside: a vector loop over 4 elements per reduced one is slow
@@ -46,6 +53,20 @@ NARROW_ROWS = 8
 # element at a time). The same elements are read in the same order: bit-exact.
 # Switch: the benchmark's "before".
 MERGED_REDUCED_DIMS = True
+
+
+def narrow_counts(k) -> range | tuple:
+    """The block sizes nr < NARROW_ROWS a kernel whose last kept dim has size ``k`` (an int,
+    or a symbolic size) can see. ``source`` sets NB to min(ROWS_PER_BLOCK, K), or to a
+    multiple of 16, and nr = min(NB, K - k0) with k0 a multiple of NB."""
+    k = int(k) if isinstance(k, int) or getattr(k, "is_Integer", False) else None
+    if not STATIC_NARROW_CASES or k is None or k < 1:
+        return range(1, NARROW_ROWS)
+    if k < NARROW_ROWS:  # one block of K rows whatever NB is (NB >= 16 or NB = K)
+        return (k,)
+    if k % NARROW_ROWS == 0 and 16 % NARROW_ROWS == 0 and ROWS_PER_BLOCK % NARROW_ROWS == 0:
+        return ()  # NB and K - k0 multiples of NARROW_ROWS: nr >= NARROW_ROWS
+    return range(1, NARROW_ROWS)
 
 
 class ColumnEmitter(RowEmitter):
@@ -459,7 +480,7 @@ class ColumnEmitter(RowEmitter):
         w("      }")
         w("     };")
         w("     switch (nr) {")
-        for k in range(1, NARROW_ROWS):
+        for k in narrow_counts(self.p.shape[self.last]):
             w(f"      case {k}: sums(std::integral_constant<int64_t, {k}>{{}}); break;")
         w("      default: break;")
         w("     }")

@@ -1,0 +1,25 @@
+"""benchmarks/compile_time.py: the training mode measures a first forward+backward step."""
+from __future__ import annotations
+
+import math
+
+from benchmarks import compile_time
+
+
+def test_train_mode_times_a_cold_and_a_warm_training_step():
+    r = compile_time.measure(compile_time.TINY, ("pypto",), "train")
+    cold, warm = r["pypto", "cold"], r["pypto", "warm"]
+    for t in (cold, warm):
+        assert t["first_s"] > 0 and t["cpu_s"] > 0 and t["start_s"] >= t["first_s"]
+    cells = compile_time.row("tiny", r)
+    assert len(cells) == len(compile_time.COLUMNS) and cells[3] == "-"  # no inductor column
+
+
+def test_train_mode_step_runs_a_backward():
+    model, kw = compile_time.model_and_batch(compile_time.TINY, "train")
+    assert model.training and "labels" in kw
+    model(**kw)["loss"].backward()
+    assert all(p.grad is not None and math.isfinite(p.grad.abs().sum().item())
+               for p in model.parameters())
+    model, kw = compile_time.model_and_batch(compile_time.TINY, "forward")
+    assert not model.training and "labels" not in kw
