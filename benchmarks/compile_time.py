@@ -13,6 +13,13 @@ forward and a backward graph compile). Per step:
   (Dynamo's trace and the backend's work, kernels loaded from disk) and ``start``, the
   time from the process's start to that first result (imports and model build included).
 
+``--mode aot``: the forward through torch's ahead-of-time compile
+(``torch.compile(run, fullgraph=True).aot_compile(...)``, saved to a file): ``cold`` compiles
+and saves it, ``warm`` is a new process loading the file and making the first call (no
+Dynamo trace). Guards Dynamo cannot serialize (object identity: the loading process builds
+its own model) are left out, and the function returns the output's first tensor (Dynamo's
+rebuild of a transformers ModelOutput needs globals a new process lacks).
+
 Inductor runs with ``TORCHINDUCTOR_COMPILE_THREADS=1`` so its C++ compiles are children
 this process waits for (counted in ``cpu``) rather than a worker pool's. The issue-16
 targets: pypto's cold compile at most half of Inductor's, its warm start at most 1 s.
@@ -29,8 +36,10 @@ import sys
 import tempfile
 import time
 
+import torch
+
 DEFAULT_MODELS = "gpt2,bert,llama,distilbert"
-MODES = ("forward", "train")
+MODES = ("forward", "train", "aot")
 TINY = "tiny-mlp"  # not a zoo model: a two-layer MLP with a loss, for the tests
 COLUMNS = ["model", "pypto cold s", "pypto cold cpu s", "inductor cold s",
            "inductor cold cpu s", "pypto/inductor cold", "pypto/inductor cold cpu",
@@ -44,19 +53,18 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+class TinyMLP(torch.nn.Module):  # at module level: aot_compile saves a guard on its type
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x, labels=None):
+        logits = self.fc2(torch.relu(self.fc1(x)))
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return {"logits": logits, "loss": loss}
+
+
 def _tiny_mlp():
-    import torch
-
-    class TinyMLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
-
-        def forward(self, x, labels=None):
-            logits = self.fc2(torch.relu(self.fc1(x)))
-            loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
-            return {"logits": logits, "loss": loss}
-
     torch.manual_seed(0)
     return TinyMLP(), {"x": torch.randn(8, 16), "labels": torch.randint(0, 4, (8,))}
 
@@ -85,24 +93,53 @@ def child(name: str, backend: str, started: float, mode: str = "forward") -> dic
     """Build ``name``, run its compiled step (``mode``) once; times of that first call."""
     import contextlib
 
-    import torch
-
     torch.set_num_threads(1)
-    model, kw = model_and_batch(name, mode)
-    f = torch.compile(model, backend=backend)
+    model, kw = model_and_batch(name, "train" if mode == "train" else "forward")
+    f = None if mode == "aot" else torch.compile(model, backend=backend)
 
     def step():
         if mode == "train":
             f(**kw)["loss"].backward()
+        elif mode == "aot":
+            _aot_step(model, kw, backend)
         else:
             f(**kw)
 
-    with torch.no_grad() if mode == "forward" else contextlib.nullcontext():
+    with contextlib.nullcontext() if mode == "train" else torch.no_grad():
         cpu, start = _cpu_s(), time.perf_counter()
         step()
         first = time.perf_counter() - start
         cpu = _cpu_s() - cpu
     return {"first_s": first, "cpu_s": cpu, "start_s": time.time() - started}
+
+
+def _first_tensor(model, kw):
+    out = model(**kw)
+    return out.to_tuple()[0] if hasattr(out, "to_tuple") else next(iter(out.values()))
+
+
+def _serializable_guards(entries):
+    """Dynamo's guards it can save: no global and no object-identity guard."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    bad = {*CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES, "ID_MATCH",
+           "MODULE_MATCH", "CLOSURE_MATCH", "FUNCTION_MATCH"}
+    return [not e.is_global and e.guard_type not in bad and not bad & set(e.derived_guard_types)
+            for e in entries]
+
+
+def _aot_step(model, kw, backend: str) -> None:
+    """The first aot call: compile and save (cold), or load and call (warm)."""
+    path = os.path.join(os.environ["PYPTO_INDUCTOR_CACHE_DIR"], f"aot_{backend}.bin")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            torch.compiler.load_compiled_function(f)(model, kw)
+        return
+    fn = torch.compile(_first_tensor, backend=backend, fullgraph=True,
+                       options={"guard_filter_fn": _serializable_guards})
+    compiled = fn.aot_compile(((model, kw), {}))
+    compiled(model, kw)
+    compiled.save_compiled_function(path)
 
 
 def _run(name: str, backend: str, caches: str, mode: str = "forward") -> dict:
@@ -154,7 +191,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="pypto,inductor",
                         help="comma-separated: pypto, inductor")
     parser.add_argument("--mode", default="forward", choices=MODES,
-                        help="forward (no_grad) or train (first forward+backward step)")
+                        help="forward (no_grad), train (first forward+backward step) or aot "
+                             "(the forward saved by aot_compile, then loaded)")
     args = parser.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
     print(" | ".join(COLUMNS), flush=True)
