@@ -130,7 +130,8 @@ def _serializable_guards(entries):
 
 def _aot_step(model, kw, backend: str) -> None:
     """The first aot call: compile and save (cold), or load and call (warm)."""
-    path = os.path.join(os.environ["PYPTO_INDUCTOR_CACHE_DIR"], f"aot_{backend}.bin")
+    caches = os.path.dirname(os.environ["PYPTO_INDUCTOR_CACHE_DIR"])  # _run's directory
+    path = os.path.join(caches, f"aot_{backend}.bin")
     if os.path.exists(path):
         with open(path, "rb") as f:
             torch.compiler.load_compiled_function(f)(model, kw)
