@@ -166,7 +166,7 @@ def kernel_calls(monkeypatch):
     def counted(address, *args):
         calls.append({fwd: "forward", bwd: "backward"}[address])
         return call(address, *args)
-    monkeypatch.setattr(pooling, "_library", [(counted, fwd, bwd)])
+    monkeypatch.setattr(pooling, "library", [(counted, fwd, bwd)])
     return calls
 
 

@@ -262,21 +262,21 @@ extern "C" void mp_backward(void* const* p, const int64_t*, const int64_t* s, in
 }
 """.replace("MP_MAXK", str(MAX_WINDOW))
 
-_library: list = []  # [(call, forward address, backward address)] or [None]: no extension
+library: list = []  # [(call, forward address, backward address)] or [None]: no extension
 
 
 def kernels():
     """(the extension's call, mp_forward's address, mp_backward's address), built on first
     use, or None without the extension (no compiler / Python headers)."""
-    if not _library:
+    if not library:
         call = native_call.extension_call()
         entry = None
         if call is not None:
             lib = compiler.load_library(SOURCE, ("mp_forward", "mp_backward"))
             entry = (call, ctypes.cast(lib.mp_forward, ctypes.c_void_p).value,
                      ctypes.cast(lib.mp_backward, ctypes.c_void_p).value)
-        _library.append(entry)
-    return _library[0]
+        library.append(entry)
+    return library[0]
 
 
 # --- parameters as ATen reads them ------------------------------------------------------
