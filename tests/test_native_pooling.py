@@ -82,12 +82,13 @@ def test_forward_and_backward_bit_exact(shape, window, channels_last):
     assert gi.stride() == ref_gi.stride()
 
 
+@pytest.mark.parametrize("shape", [(4, 64, 32, 32), (1, 48, 17, 15)])  # 1 image: channel blocks
 @pytest.mark.parametrize("threads", [1, 2])
-def test_threads_and_random_floats(threads):
+def test_threads_and_random_floats(threads, shape):
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x = torch.randn(4, 64, 32, 32).contiguous(memory_format=torch.channels_last)
+        x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
         window = ([3, 3], [2, 2], [1, 1], [1, 1], False)
         fwd, _ = _bind_forward(x, window)
         out, ind = fwd(x, *window)

@@ -32,7 +32,6 @@ from . import compiler, native_call
 from .prelude import PRELUDE
 
 NATIVE_POOLING = True  # the benchmarks' switch (read at bind time): False keeps ATen's kernels
-MAX_WINDOW = 64  # kernel rows / columns the backward's coverage lists hold
 _aten = torch.ops.aten
 ATEN_FORWARD = _aten.max_pool2d_with_indices.default
 ATEN_BACKWARD = _aten.max_pool2d_with_indices_backward.default
@@ -94,30 +93,6 @@ static inline __attribute__((always_inline)) void mp_fwd_block(
     *(mp_f16u*)(o + 16 * v) = mv[v];
     *(mp_l16u*)(id + 16 * v) = __builtin_convertvector(mi[v], mp_l16);
   }
-}
-
-// V vectors of channels of one input element's grad: the covering windows' grads whose
-// index is this element, summed from +0 in ATen's scatter order (+0 where the index is
-// elsewhere: the sum is never -0, so adding +0 changes no bit)
-template <int V>
-static inline __attribute__((always_inline)) void mp_bwd_block(
-    const float* go, const int64_t* ind, const int64_t* gs, const int64_t* ohs, int mh,
-    const int64_t* ows, int mw, int64_t flat, float* g) {
-  mp_f16 acc[V];
-#pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) acc[v] = mp_f16{};
-  const mp_i16 fl = mp_i16{} + (int32_t)flat;  // positions < 2^31 (the binder checks)
-  for (int u = 0; u < mh; ++u)
-    for (int w = 0; w < mw; ++w) {
-      const int64_t off = ohs[u] * gs[2] + ows[w] * gs[3];
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        const mp_i16 hit = __builtin_convertvector(*(const mp_l16u*)(ind + off + 16 * v), mp_i16) == fl;
-        acc[v] += hit ? *(const mp_f16u*)(go + off + 16 * v) : mp_f16{};
-      }
-    }
-#pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) *(mp_f16u*)(g + 16 * v) = acc[v];
 }
 
 // p = x, out, indices; s = N C H W OH OW kH kW sH sW pH pW dH dW, strides of x (n c h w),
@@ -188,19 +163,26 @@ extern "C" void mp_forward(void* const* p, const int64_t*, const int64_t* s, int
   }
 }
 
-// the output positions whose windows hold input position i, ascending (at most k)
-static inline int mp_cover(int64_t i, int64_t st, int64_t pad, int64_t k, int64_t d,
-                           int64_t no, int64_t* list) {
-  int m = 0;
-  for (int64_t kk = k - 1; kk >= 0; --kk) {  // kk descending: o ascending
-    const int64_t t = i + pad - kk * d;
-    if (t >= 0 && t % st == 0 && t / st < no) list[m++] = t / st;
+// zero grad_in rows [from, to) of channels [c0, c1) of one image (rows: W * C floats in
+// channels-last, W floats of a plane otherwise; cs: the channel stride, 1 or H * W)
+static inline void mp_zero_rows(float* g, const int64_t* is, int64_t W, int64_t from,
+                                int64_t to, int64_t c0, int64_t c1, bool whole_rows) {
+  for (int64_t ih = from; ih < to; ++ih) {
+    float* r = g + ih * is[2];
+    if (whole_rows) {
+      memset(r, 0, sizeof(float) * W * is[3]);
+    } else {
+      for (int64_t iw = 0; iw < W; ++iw) memset(r + iw * is[3] + c0, 0, sizeof(float) * (c1 - c0));
+    }
   }
-  return m;
 }
 
 // p = grad_out, indices, grad_in; s = N C H W OH OW kH kW sH sW pH pW dH dW, strides of
-// grad_out and indices (n c h w, the same), of grad_in, then 1 for the channels-last loops
+// grad_out and indices (n c h w, the same), of grad_in, then 1 for channels-last.
+// ATen's zero fill + scatter, in its order (per image and channel: output rows, then
+// columns), each input row zeroed just before the first window reaching it scatters
+// (so in cache, and no separate pass); the indices come from the forward (positions in
+// their windows: the rows below a window are never zeroed after it scattered into them).
 extern "C" void mp_backward(void* const* p, const int64_t*, const int64_t* s, int nt) {
   MpArgs a;
   mp_args(a, s);
@@ -209,58 +191,60 @@ extern "C" void mp_backward(void* const* p, const int64_t*, const int64_t* s, in
   const float* go = (const float*)p[0];
   const int64_t* ind = (const int64_t*)p[1];
   float* gi = (float*)p[2];
-  if (s[22]) {
-    const int64_t items = a.N * a.H;
+  const bool cl = s[22] != 0;
+  // work items: (image, block of channels); channels-last: whole images unless that
+  // leaves threads idle, then blocks of 16 channels; NCHW: planes
+  const int64_t cb = !cl ? 1 : (a.N >= nt || a.C < 32) ? a.C : 16;
+  const int64_t blocks = (a.C + cb - 1) / cb, items = a.N * blocks;
+  const int64_t plane = a.H * a.W;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && items > 1)
-    for (int64_t t = 0; t < items; ++t) {
-      const int64_t n = t / a.H, ih = t % a.H;
-      int64_t ohs[MP_MAXK], ows[MP_MAXK];
-      const int mh = mp_cover(ih, a.sH, a.pH, a.kH, a.dH, a.OH, ohs);
-      for (int64_t iw = 0; iw < a.W; ++iw) {
-        const int mw = mp_cover(iw, a.sW, a.pW, a.kW, a.dW, a.OW, ows);
-        const int64_t flat = ih * a.W + iw;
-        float* g = gi + n * is[0] + ih * is[2] + iw * is[3];
-        const int64_t base = n * gs[0];
-        int64_t c0 = 0;
-        for (; c0 + 64 <= a.C; c0 += 64)
-          mp_bwd_block<4>(go + base + c0, ind + base + c0, gs, ohs, mh, ows, mw, flat, g + c0);
-        for (; c0 + 16 <= a.C; c0 += 16)
-          mp_bwd_block<1>(go + base + c0, ind + base + c0, gs, ohs, mh, ows, mw, flat, g + c0);
-        for (; c0 < a.C; ++c0) {  // the channels past the last whole vector
-          float acc = 0.0f;
-          for (int u = 0; u < mh; ++u)
-            for (int v = 0; v < mw; ++v) {
-              const int64_t off = base + ohs[u] * gs[2] + ows[v] * gs[3] + c0;
-              if (ind[off] == flat) acc += go[off];
-            }
-          g[c0] = acc;
+  for (int64_t t = 0; t < items; ++t) {
+    const int64_t n = t / blocks, c0 = (t % blocks) * cb, c1 = std::min<int64_t>(a.C, c0 + cb);
+    float* g = gi + n * is[0];
+    const float* gn = go + n * gs[0];
+    const int64_t* in = ind + n * gs[0];
+    int64_t zeroed = 0;  // rows [0, zeroed) of this item are zero or hold sums
+    for (int64_t oh = 0; oh < a.OH; ++oh) {
+      const int64_t reach = std::min<int64_t>(a.H, oh * a.sH - a.pH + (a.kH - 1) * a.dH + 1);
+      if (reach > zeroed) {
+        if (cl) {
+          mp_zero_rows(g, is, a.W, zeroed, reach, c0, c1, c1 - c0 == a.C);
+        } else {
+          for (int64_t c = c0; c < c1; ++c)
+            for (int64_t ih = zeroed; ih < reach; ++ih)
+              memset(g + c * is[1] + ih * is[2], 0, sizeof(float) * a.W);
+        }
+        zeroed = reach;
+      }
+      for (int64_t ow = 0; ow < a.OW; ++ow) {
+        const int64_t off = oh * gs[2] + ow * gs[3];
+        if (cl) {  // channels-last: position q of channel c at q * C + c
+          const float* gp = gn + off;
+          const int64_t* ip = in + off;
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t q = ip[c];
+            if ((uint64_t)q < (uint64_t)plane) g[q * a.C + c] += gp[c];
+          }
+        } else {
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t q = in[off + c * gs[1]];
+            if ((uint64_t)q < (uint64_t)plane) g[c * is[1] + q] += gn[off + c * gs[1]];
+          }
         }
       }
     }
-    return;
-  }
-  const int64_t items = a.N * a.C * a.H;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && items > 1)
-  for (int64_t t = 0; t < items; ++t) {
-    const int64_t ih = t % a.H, nc = t / a.H, c = nc % a.C, n = nc / a.C;
-    int64_t ohs[MP_MAXK], ows[MP_MAXK];
-    const int mh = mp_cover(ih, a.sH, a.pH, a.kH, a.dH, a.OH, ohs);
-    const float* gp = go + n * gs[0] + c * gs[1];
-    const int64_t* ip = ind + n * gs[0] + c * gs[1];
-    for (int64_t iw = 0; iw < a.W; ++iw) {
-      const int mw = mp_cover(iw, a.sW, a.pW, a.kW, a.dW, a.OW, ows);
-      const int64_t flat = ih * a.W + iw;
-      float acc = 0.0f;
-      for (int u = 0; u < mh; ++u)
-        for (int v = 0; v < mw; ++v) {
-          const int64_t off = ohs[u] * gs[2] + ows[v] * gs[3];
-          if (ip[off] == flat) acc += gp[off];
-        }
-      gi[n * is[0] + c * is[1] + ih * is[2] + iw * is[3]] = acc;
+    if (zeroed < a.H) {  // rows no window reaches
+      if (cl) {
+        mp_zero_rows(g, is, a.W, zeroed, a.H, c0, c1, c1 - c0 == a.C);
+      } else {
+        for (int64_t c = c0; c < c1; ++c)
+          for (int64_t ih = zeroed; ih < a.H; ++ih)
+            memset(g + c * is[1] + ih * is[2], 0, sizeof(float) * a.W);
+      }
     }
   }
 }
-""".replace("MP_MAXK", str(MAX_WINDOW))
+"""
 
 library: list = []  # [(call, forward address, backward address)] or [None]: no extension
 
@@ -342,8 +326,6 @@ def _window_params(args, first: int) -> tuple | str:
     if min(k) < 1 or min(s) < 1 or min(d) < 1 or min(p) < 0 \
             or p[0] * 2 > k[0] or p[1] * 2 > k[1]:
         return "window parameters ATen rejects"
-    if max(k) > MAX_WINDOW:
-        return f"kernel size {k} (native: up to {MAX_WINDOW})"
     return (*params, ceil)
 
 
@@ -381,7 +363,7 @@ def _eligible(specs, x_arg, window) -> tuple | str:
     if oh <= 0 or ow <= 0:
         return "empty output (ATen raises)"
     if h * w >= 2 ** 31:
-        return "planes of 2^31 elements or more (the kernel's positions are int32)"
+        return "planes of 2^31 elements or more (the forward's positions are int32)"
     if kernels() is None:
         return "no native call extension (C++ compiler / Python headers)"
     window_syms = (n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw)
