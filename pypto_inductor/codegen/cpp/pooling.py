@@ -65,33 +65,61 @@ typedef int32_t mp_i16 __attribute__((vector_size(64)));
 typedef int64_t mp_l16 __attribute__((vector_size(128)));
 typedef int64_t mp_l16u __attribute__((vector_size(128), aligned(8)));
 
-// V vectors of channels of one output element: the window's max and its flat position
-// (int32 in registers: a plane of < 2^31 elements, checked by the binder)
-template <int V>
+// V vectors of channels of U outputs of a row (U > 1: whole windows, the next output's
+// sW input columns on): each window's max and its flat position (int32 in registers: a
+// plane of < 2^31 elements, checked by the binder); U * V independent dependency chains
+template <int V, int U>
 static inline __attribute__((always_inline)) void mp_fwd_block(
     const float* x, const int64_t* xs, const MpArgs& a, int64_t ih0, int64_t ih1,
-    int64_t iw0, int64_t iw1, float* o, int64_t* id) {
-  mp_f16 mv[V];
-  mp_i16 mi[V];
+    int64_t iw0, int64_t iw1, float* o, int64_t* id, int64_t ostep) {
+  mp_f16 mv[U][V];
+  mp_i16 mi[U][V];
   const float ninf = -std::numeric_limits<float>::infinity();
 #pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) { mv[v] = mp_f16{} + ninf; mi[v] = mp_i16{} + (int32_t)(ih0 * a.W + iw0); }
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      mv[u][v] = mp_f16{} + ninf;
+      mi[u][v] = mp_i16{} + (int32_t)(ih0 * a.W + iw0 + u * a.sW);
+    }
   for (int64_t ih = ih0; ih < ih1; ih += a.dH)
     for (int64_t iw = iw0; iw < iw1; iw += a.dW) {
       const float* xp = x + ih * xs[2] + iw * xs[3];
-      const mp_i16 idx = mp_i16{} + (int32_t)(ih * a.W + iw);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) {
-        const mp_f16 val = *(const mp_f16u*)(xp + 16 * v);
-        const mp_i16 take = (val > mv[v]) | (val != val);
-        mv[v] = take ? val : mv[v];
-        mi[v] = take ? idx : mi[v];
+      for (int u = 0; u < U; ++u) {
+        const mp_i16 idx = mp_i16{} + (int32_t)(ih * a.W + iw + u * a.sW);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) {
+          const mp_f16 val = *(const mp_f16u*)(xp + u * a.sW * xs[3] + 16 * v);
+          const mp_i16 take = (val > mv[u][v]) | (val != val);
+          mv[u][v] = take ? val : mv[u][v];
+          mi[u][v] = take ? idx : mi[u][v];
+        }
       }
     }
 #pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) {
-    *(mp_f16u*)(o + 16 * v) = mv[v];
-    *(mp_l16u*)(id + 16 * v) = __builtin_convertvector(mi[v], mp_l16);
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      *(mp_f16u*)(o + u * ostep + 16 * v) = mv[u][v];
+      *(mp_l16u*)(id + u * ostep + 16 * v) = __builtin_convertvector(mi[u][v], mp_l16);
+    }
+}
+
+// channels [c0, C) of one output element, one at a time (past the last whole vector)
+static inline void mp_fwd_scalar(const float* x, const int64_t* xs, const MpArgs& a,
+                                 int64_t ih0, int64_t ih1, int64_t iw0, int64_t iw1, float* o,
+                                 int64_t* id, int64_t c0) {
+  for (int64_t c = c0; c < a.C; ++c) {
+    float mv = -std::numeric_limits<float>::infinity();
+    int64_t mi = ih0 * a.W + iw0;
+    for (int64_t ih = ih0; ih < ih1; ih += a.dH)
+      for (int64_t iw = iw0; iw < iw1; iw += a.dW) {
+        const float v = x[ih * xs[2] + iw * xs[3] + c];
+        if ((v > mv) || (v != v)) { mv = v; mi = ih * a.W + iw; }
+      }
+    o[c] = mv;
+    id[c] = mi;
   }
 }
 
@@ -113,28 +141,30 @@ extern "C" void mp_forward(void* const* p, const int64_t*, const int64_t* s, int
       const int64_t n = t / a.OH, oh = t % a.OH;
       int64_t ih0, ih1;
       mp_window(oh, a.sH, a.pH, a.kH, a.dH, a.H, ih0, ih1);
-      for (int64_t ow = 0; ow < a.OW; ++ow) {
+      const float* xn = x + n * xs[0];
+      for (int64_t ow = 0; ow < a.OW;) {
         int64_t iw0, iw1;
         mp_window(ow, a.sW, a.pW, a.kW, a.dW, a.W, iw0, iw1);
         float* o = out + n * os[0] + oh * os[2] + ow * os[3];
         int64_t* id = ind + n * os[0] + oh * os[2] + ow * os[3];
-        const float* xn = x + n * xs[0];
         int64_t c0 = 0;
-        for (; c0 + 64 <= a.C; c0 += 64)
-          mp_fwd_block<4>(xn + c0, xs, a, ih0, ih1, iw0, iw1, o + c0, id + c0);
-        for (; c0 + 16 <= a.C; c0 += 16)
-          mp_fwd_block<1>(xn + c0, xs, a, ih0, ih1, iw0, iw1, o + c0, id + c0);
-        for (; c0 < a.C; ++c0) {  // the channels past the last whole vector
-          float mv = ninf;
-          int64_t mi = ih0 * a.W + iw0;
-          for (int64_t ih = ih0; ih < ih1; ih += a.dH)
-            for (int64_t iw = iw0; iw < iw1; iw += a.dW) {
-              const float v = xn[ih * xs[2] + iw * xs[3] + c0];
-              if ((v > mv) || (v != v)) { mv = v; mi = ih * a.W + iw; }
-            }
-          o[c0] = mv;
-          id[c0] = mi;
+        // under 64 channels, 4 outputs at once when their windows are whole (same shape)
+        if (a.C < 64 && ow + 4 <= a.OW && iw0 == ow * a.sW - a.pW &&
+            (ow + 3) * a.sW - a.pW + (a.kW - 1) * a.dW + 1 <= a.W) {
+          for (; c0 + 16 <= a.C; c0 += 16)
+            mp_fwd_block<1, 4>(xn + c0, xs, a, ih0, ih1, iw0, iw1, o + c0, id + c0, os[3]);
+          for (int u = 0; u < 4 && c0 < a.C; ++u)
+            mp_fwd_scalar(xn, xs, a, ih0, ih1, iw0 + u * a.sW, iw1 + u * a.sW, o + u * os[3],
+                          id + u * os[3], c0);
+          ow += 4;
+          continue;
         }
+        for (; c0 + 64 <= a.C; c0 += 64)
+          mp_fwd_block<4, 1>(xn + c0, xs, a, ih0, ih1, iw0, iw1, o + c0, id + c0, 0);
+        for (; c0 + 16 <= a.C; c0 += 16)
+          mp_fwd_block<1, 1>(xn + c0, xs, a, ih0, ih1, iw0, iw1, o + c0, id + c0, 0);
+        mp_fwd_scalar(xn, xs, a, ih0, ih1, iw0, iw1, o, id, c0);
+        ++ow;
       }
     }
     return;
