@@ -460,9 +460,9 @@ def bind_forward(step, specs) -> tuple:
 
 def bind_backward(step, specs) -> tuple:
     """(callable, why) for a ``max_pool2d_with_indices_backward`` extern step (grad_output,
-    self, kernel_size, stride, padding, dilation, ceil_mode, indices): the native gather
-    where the input qualifies as for the forward and grad_output / indices have the
-    output's memory format."""
+    self, kernel_size, stride, padding, dilation, ceil_mode, indices): the native scatter
+    where the input qualifies as for the forward and is channels-last, and grad_output /
+    indices have the output's shape and memory format."""
     args = list(step.args)
     if len(args) != 8:
         return None, "arguments not as the schema's 8"
@@ -498,5 +498,5 @@ def bind_backward(step, specs) -> tuple:
 
     max_pool2d_with_indices_backward._schema = ATEN_BACKWARD._schema
     return max_pool2d_with_indices_backward, (
-        f"native max pool backward (codegen/cpp/pooling.py, {layout}): each input grad "
-        "gathered from the windows covering it, in ATen's order, no zero fill")
+        f"native max pool backward (codegen/cpp/pooling.py, {layout}): ATen's scatter in its "
+        "order, each input row zeroed as the first window reaches it (no zero-fill pass)")
