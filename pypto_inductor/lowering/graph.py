@@ -352,9 +352,11 @@ EAGER_BY_CHOICE = {
         "inference conv chain (lowering/conv.py): one oneDNN convolution with the BatchNorm "
         "folded into its weights and the add/ReLU as post-ops",
     _aten.max_pool2d_with_indices.default:
-        "window op (as convolution): the eager kernel; no native window tile yet",
+        "window op (as convolution): no window tile; the cpu target runs its native kernel "
+        "where it qualifies (codegen/cpp/pooling.py)",
     _aten.max_pool2d_with_indices_backward.default:
-        "window op (as convolution): the eager kernel; no native window tile yet",
+        "window op (as convolution): no window tile; the cpu target runs its native kernel "
+        "where it qualifies (codegen/cpp/pooling.py)",
 }
 
 

@@ -253,7 +253,8 @@ it changed what its backward receives (the logsumexp), which gave wrong gradient
 and its backward (oneDNN / GEMM libraries, as in Inductor's CPU backend; in inference graphs a
 conv -> BatchNorm -> add/ReLU chain is one oneDNN call with the BatchNorm folded into its
 weights, `pypto_inductor.conv_fused`, lowering/conv.py); ResNet's max pooling
-(a window op like convolution, no native window tile yet). All other ops of every zoo graph are
+(a window op like convolution, no window tile; the cpu target runs native kernels for it,
+codegen/cpp/pooling.py). All other ops of every zoo graph are
 lowered: embedding and gathers, arange, padding, scatters, `copy_` mutations, the optimizer
 chain. tests/test_decompositions.py checks SDPA causal, boolean-masked and additive-masked,
 forward and backward, fp32 and bf16 autocast, against eager.

@@ -25,7 +25,7 @@ from typing import Callable
 
 from ...ir import FusionTile, OpKind, TileGraph
 from .. import Kernel, reference
-from . import attention, attention_backward, compiler, index_put, matmul
+from . import attention, attention_backward, compiler, index_put, matmul, pooling
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
 from .emit_mixed import MixedEmitter
@@ -58,13 +58,15 @@ def check_available() -> None:
 # extern ATen op -> binder(step, specs) -> (callable or None, why): what this target runs
 # instead of the op's ATen kernel (runtime.CompiledGraph._bind_extern asks at compile time)
 NATIVE_EXTERNS = {attention.ATEN_FORWARD: attention.bind_forward,
-                  attention_backward.ATEN_BACKWARD: attention_backward.bind}
+                  attention_backward.ATEN_BACKWARD: attention_backward.bind,
+                  pooling.ATEN_FORWARD: pooling.bind_forward,
+                  pooling.ATEN_BACKWARD: pooling.bind_backward}
 
 
 def native_extern(step, graph: TileGraph):
     """(callable, why) to run an extern op with instead of its ATen kernel, (None, why not)
     when this call's operands do not qualify, or None when the op has no native kernel
-    here (:data:`NATIVE_EXTERNS`: SDPA's flash forward and backward)."""
+    here (:data:`NATIVE_EXTERNS`: SDPA's flash forward and backward, 2-D max pooling)."""
     binder = NATIVE_EXTERNS.get(step.fn)
     return None if binder is None else binder(step, graph.specs)
 
