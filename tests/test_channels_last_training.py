@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 import torch
-import torch.nn as nn
 
+from conv_blocks import ConvBnPoolBlock, loss_and_grads
 from pypto_inductor import zoo
 from pypto_inductor.lowering import conv_layout, graph as lowering_graph
 from pypto_inductor.report import collect
@@ -99,40 +99,20 @@ def test_resnet_training_step_matches_eager(autocast, spy, built, switch):
     assert all(r.partition(": ")[2] in chosen for r in reasons), reasons
 
 
-class _Toy(nn.Module):
-    def __init__(self, cin=3, c=5):
-        super().__init__()
-        self.conv = nn.Conv2d(cin, c, 3, 1, 1, bias=False)  # a bias before BN gets ~0 grads
-        self.bn = nn.BatchNorm2d(c)
-        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        y = nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 3, 2, 1)
-        return torch.relu(self.bn2(self.conv2(y)) + y).sum(dim=(2, 3)).square().mean()
-
-
-def _toy_grads(model, x):
-    x = x.detach().clone().requires_grad_(True)
-    loss = model(x)
-    loss.backward()
-    return loss, x.grad, [p.grad for p in model.parameters()]
-
-
 @pytest.mark.parametrize("channels_last_input", [False, True], ids=["nchw_in", "cl_in"])
 @pytest.mark.parametrize("shape", [(1, 3, 13, 11), (3, 3, 9, 17)], ids=["batch1", "odd"])
 @pytest.mark.parametrize("on", [True, False], ids=["switch_on", "switch_off"])
 def test_toy_conv_bn_relu_pool(shape, channels_last_input, on, spy, built, switch):
     switch(on)
     torch.manual_seed(sum(shape))
-    model = _Toy().train()
+    model = ConvBnPoolBlock().train()
     ref = copy.deepcopy(model)
     x = torch.randn(*shape) * 2 + 0.5
     if channels_last_input:
         x = x.contiguous(memory_format=torch.channels_last)
     compiled = torch.compile(model, backend="pypto")
-    loss, gx, grads = _toy_grads(compiled, x)
-    ref_loss, ref_gx, ref_grads = _toy_grads(ref, x)
+    loss, gx, grads = loss_and_grads(compiled, x)
+    ref_loss, ref_gx, ref_grads = loss_and_grads(ref, x)
     torch.testing.assert_close(loss, ref_loss, **FP32)
     _close_scaled(gx, ref_gx, FP32, "input")
     for i, (a, b) in enumerate(zip(grads, ref_grads)):
@@ -151,13 +131,13 @@ def test_toy_conv_bn_relu_pool(shape, channels_last_input, on, spy, built, switc
 def test_dynamic_batch(spy, built, switch):
     switch(True)
     torch.manual_seed(3)
-    model = _Toy(c=6).train()
+    model = ConvBnPoolBlock(c=6).train()
     ref = copy.deepcopy(model)
     compiled = torch.compile(model, backend="pypto", dynamic=True)
     for n in (2, 3, 5):
         x = torch.randn(n, 3, 15, 10)
-        loss, gx, grads = _toy_grads(compiled, x)
-        ref_loss, ref_gx, ref_grads = _toy_grads(ref, x)
+        loss, gx, grads = loss_and_grads(compiled, x)
+        ref_loss, ref_gx, ref_grads = loss_and_grads(ref, x)
         torch.testing.assert_close(loss, ref_loss, **FP32)
         _close_scaled(gx, ref_gx, FP32, f"input n={n}")
         for i, (a, b) in enumerate(zip(grads, ref_grads)):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn as nn
 
+from conv_blocks import ConvBnPoolBlock, loss_and_grads
 from pypto_inductor.codegen.cpp import NATIVE_EXTERNS, pooling
 from pypto_inductor.ir import TensorSpec
 from pypto_inductor.report import collect
@@ -139,28 +139,6 @@ def test_other_strides_per_call_run_aten():
     assert torch.equal(ind, ref_ind) and out.stride() == ref_out.stride()
 
 
-class _Stem(nn.Module):
-    """ResNet's stem and a residual block after it: conv + BN + ReLU + max pool."""
-
-    def __init__(self, c):
-        super().__init__()
-        self.conv = nn.Conv2d(3, c, 7, 2, 3, bias=False)
-        self.bn = nn.BatchNorm2d(c)
-        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        y = nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 3, 2, 1)
-        return torch.relu(self.bn2(self.conv2(y)) + y).sum(dim=(2, 3)).square().mean()
-
-
-def _grads(model, x):
-    x = x.detach().clone().requires_grad_(True)
-    loss = model(x)
-    loss.backward()
-    return loss, x.grad, [p.grad for p in model.parameters()]
-
-
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """[the kernel's address per native pooling call] (counted at the extension call)."""
@@ -178,12 +156,12 @@ def kernel_calls(monkeypatch):
 def test_compiled_training_step_runs_native_pooling(c, kernel_calls):
     torch._dynamo.reset()
     torch.manual_seed(c)
-    model = _Stem(c).train()
+    model = ConvBnPoolBlock(c=c, stem=(7, 2, 3)).train()
     ref = copy.deepcopy(model)
     x = torch.randn(2, 3, 38, 30) * 2 + 0.5
     with collect() as graphs:
-        loss, gx, grads = _grads(torch.compile(model, backend="pypto"), x)
-    ref_loss, ref_gx, ref_grads = _grads(ref, x)
+        loss, gx, grads = loss_and_grads(torch.compile(model, backend="pypto"), x)
+    ref_loss, ref_gx, ref_grads = loss_and_grads(ref, x)
     torch.testing.assert_close(loss, ref_loss, **FP32)
     for name, a, b in [("input", gx, ref_gx)] + [(f"parameter {i}", a, b) for i, (a, b)
                                                   in enumerate(zip(grads, ref_grads))]:
@@ -206,9 +184,9 @@ def test_switch_off_or_no_table_entry_runs_aten(kernel_calls, monkeypatch):
                 m.delitem(NATIVE_EXTERNS, pooling.ATEN_FORWARD)
                 m.delitem(NATIVE_EXTERNS, pooling.ATEN_BACKWARD)
             torch.manual_seed(1)
-            model = _Stem(8).train()
+            model = ConvBnPoolBlock(c=8, stem=(7, 2, 3)).train()
             ref = copy.deepcopy(model)
-            loss, gx, _ = _grads(torch.compile(model, backend="pypto"), x)
-            ref_loss, ref_gx, _ = _grads(ref, x)
+            loss, gx, _ = loss_and_grads(torch.compile(model, backend="pypto"), x)
+            ref_loss, ref_gx, _ = loss_and_grads(ref, x)
         torch.testing.assert_close(loss, ref_loss, **FP32)
         assert not kernel_calls, undo
