@@ -67,7 +67,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
                   record: dict | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
     the attention decisions made on the Dynamo graph, reported with the first graph.
-    ``record``: gets the plan under "plan" when graph_cache may store it.
+    ``record``: gets the plan and its CompiledGraph under "plan" and "compiled" when
+    graph_cache may store it.
     An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
     try:
@@ -120,7 +121,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
     publish(GraphReport(name, plan, compiled), config, hw)
     if record is not None:
         if graph_cache.storable(context and context.fw_metadata, record["inputs"], gm):
-            record["plan"] = plan
+            record["plan"], record["compiled"] = plan, compiled
 
     # the generated function itself (no frames of a closure and CompiledGraph.__call__ per
     # call); boxed: it takes the argument list and empties it. Its globals hold the

@@ -47,10 +47,10 @@ class PrecompiledGraph(SerializableCallable):
     """One inference graph's plan and options, and the CompiledGraph built from them,
     called as AOTAutograd's inference wrapper calls it (graph_cache.inference_call)."""
 
-    def __init__(self, plan, config: Config):
+    def __init__(self, plan, config: Config, compiled: CompiledGraph | None = None):
         self.plan, self.config = plan, config
         self._run = graph_cache.inference_call(
-            CompiledGraph(plan, get_target(config.target), config))
+            compiled or CompiledGraph(plan, get_target(config.target), config))
 
     def __call__(self, *args):
         return self._run(*args)
@@ -73,4 +73,4 @@ def saved_graph(record: dict | None, config: Config) -> PrecompiledGraph:
             "are fresh tensors: run the function under torch.no_grad() (or with no input "
             "requiring grad), without dynamic shapes, autocast or a debug_dir. Other graphs: "
             "use torch.compile(..., backend='pypto') without aot_compile.")
-    return PrecompiledGraph(record["plan"], config)
+    return PrecompiledGraph(record["plan"], config, record["compiled"])
