@@ -19,6 +19,8 @@ and saves it, ``warm`` is a new process loading the file and making the first ca
 Dynamo trace). Guards Dynamo cannot serialize (object identity: the loading process builds
 its own model) are left out, and the function returns the output's first tensor (Dynamo's
 rebuild of a transformers ModelOutput needs globals a new process lacks).
+``--mode aot-train``: the same for the training step (the saved function returns the loss;
+the step calls its backward).
 
 Inductor runs with ``TORCHINDUCTOR_COMPILE_THREADS=1`` so its C++ compiles are children
 this process waits for (counted in ``cpu``) rather than a worker pool's. The issue-16
@@ -39,7 +41,7 @@ import time
 import torch
 
 DEFAULT_MODELS = "gpt2,bert,llama,distilbert"
-MODES = ("forward", "train", "aot")
+MODES = ("forward", "train", "aot", "aot-train")
 TINY = "tiny-mlp"  # not a zoo model: a two-layer MLP with a loss, for the tests
 COLUMNS = ["model", "pypto cold s", "pypto cold cpu s", "inductor cold s",
            "inductor cold cpu s", "pypto/inductor cold", "pypto/inductor cold cpu",
@@ -94,18 +96,19 @@ def child(name: str, backend: str, started: float, mode: str = "forward") -> dic
     import contextlib
 
     torch.set_num_threads(1)
-    model, kw = model_and_batch(name, "train" if mode == "train" else "forward")
-    f = None if mode == "aot" else torch.compile(model, backend=backend)
+    train = mode in ("train", "aot-train")
+    model, kw = model_and_batch(name, "train" if train else "forward")
+    f = None if mode.startswith("aot") else torch.compile(model, backend=backend)
 
     def step():
         if mode == "train":
             f(**kw)["loss"].backward()
-        elif mode == "aot":
-            _aot_step(model, kw, backend)
+        elif mode.startswith("aot"):
+            _aot_step(model, kw, backend, train)
         else:
             f(**kw)
 
-    with contextlib.nullcontext() if mode == "train" else torch.no_grad():
+    with contextlib.nullcontext() if train else torch.no_grad():
         cpu, start = _cpu_s(), time.perf_counter()
         step()
         first = time.perf_counter() - start
@@ -128,19 +131,26 @@ def _serializable_guards(entries):
             for e in entries]
 
 
-def _aot_step(model, kw, backend: str) -> None:
-    """The first aot call: compile and save (cold), or load and call (warm)."""
+def _loss(model, kw):
+    return model(**kw)["loss"]
+
+
+def _aot_step(model, kw, backend: str, train: bool) -> None:
+    """The first aot call (of the forward, or of the training step's loss and its
+    backward): compile and save (cold), or load and call (warm)."""
     caches = os.path.dirname(os.environ["PYPTO_INDUCTOR_CACHE_DIR"])  # _run's directory
     path = os.path.join(caches, f"aot_{backend}.bin")
     if os.path.exists(path):
         with open(path, "rb") as f:
-            torch.compiler.load_compiled_function(f)(model, kw)
-        return
-    fn = torch.compile(_first_tensor, backend=backend, fullgraph=True,
-                       options={"guard_filter_fn": _serializable_guards})
-    compiled = fn.aot_compile(((model, kw), {}))
-    compiled(model, kw)
-    compiled.save_compiled_function(path)
+            compiled = torch.compiler.load_compiled_function(f)
+    else:
+        fn = torch.compile(_loss if train else _first_tensor, backend=backend,
+                           fullgraph=True, options={"guard_filter_fn": _serializable_guards})
+        compiled = fn.aot_compile(((model, kw), {}))
+        compiled.save_compiled_function(path)
+    out = compiled(model, kw)
+    if train:
+        out.backward()
 
 
 def _run(name: str, backend: str, caches: str, mode: str = "forward") -> dict:
@@ -192,8 +202,9 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="pypto,inductor",
                         help="comma-separated: pypto, inductor")
     parser.add_argument("--mode", default="forward", choices=MODES,
-                        help="forward (no_grad), train (first forward+backward step) or aot "
-                             "(the forward saved by aot_compile, then loaded)")
+                        help="forward (no_grad), train (first forward+backward step), aot "
+                             "(the forward saved by aot_compile, then loaded) or aot-train "
+                             "(the training step so)")
     args = parser.parse_args(argv)
     backends = tuple(b for b in args.backends.split(",") if b)
     print(" | ".join(COLUMNS), flush=True)

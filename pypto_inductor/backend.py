@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import graph_cache, precompile
+from . import graph_cache, precompile, training_cache
 from .calibrate import hardware_model
 from .codegen import get_target
 from .config import Config, ConfigError, parse_options
@@ -67,8 +67,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
                   record: dict | None = None):
     """Lower, plan and compile one ATen graph; returns the boxed callable. ``attention``:
     the attention decisions made on the Dynamo graph, reported with the first graph.
-    ``record``: gets the plan and its CompiledGraph under "plan" and "compiled" when
-    graph_cache may store it.
+    ``record``: gets the plan, its CompiledGraph and ``saved_from`` under "plan",
+    "compiled" and "saved_from" when the graph compiled; with "inputs" in it (an inference
+    graph for graph_cache) only when graph_cache may store it.
     An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
     try:
@@ -119,9 +120,9 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
     publish(GraphReport(name, plan, compiled), config, hw)
-    if record is not None:
-        if graph_cache.storable(context and context.fw_metadata, record["inputs"], gm):
-            record["plan"], record["compiled"] = plan, compiled
+    if record is not None and ("inputs" not in record or graph_cache.storable(
+            context and context.fw_metadata, record["inputs"], gm)):
+        record.update(plan=plan, compiled=compiled, saved_from=saved_from)
 
     # the generated function itself (no frames of a closure and CompiledGraph.__call__ per
     # call); boxed: it takes the argument list and empties it. Its globals hold the
@@ -173,8 +174,8 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
     saving = precompile.requested()  # inside aot_compile: the result must serialize
-    key = graph_cache.key(gm, example_inputs, config,
-                          hardware_model(config.hardware_name, config.capacity_bytes))
+    hw = hardware_model(config.hardware_name, config.capacity_bytes)
+    key = graph_cache.key(gm, example_inputs, config, hw)
     if key is not None and not saving:
         cached = _from_cache(key, gm, config)
         if cached is not None:
@@ -183,25 +184,31 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
         saving and graph_cache.storable_graph(gm, example_inputs, config)) else None
     attention = []
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
-        hw = hardware_model(config.hardware_name, config.capacity_bytes)
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
     # a convolution forced eager (fallback_ops) stays ATen's convolution
     convs = rewrite_convolutions(gm, example_inputs) if config.fusion and not \
         config.forced_fallback("aten.convolution.default") else []
     if config.fusion and not convs:  # a training graph: convolutions channels-last
         use_channels_last(gm, example_inputs)
+    compilers = dict(
+        fw_compiler=lambda g, ex, rec=None: compile_graph(g, ex, config, "forward",
+                                                          attention, convs, rec),
+        bw_compiler=lambda g, ex, rec=None: compile_graph(g, ex, config, "backward",
+                                                          record=rec),
+        inference_compiler=lambda g, ex, rec=record: compile_graph(
+            g, ex, config, "inference", attention, convs, rec))
+    # a training graph: from AOTAutograd's cache or stored there, or saved by aot_compile
+    training = training_cache.training_graph(gm, example_inputs, config) if saving else \
+        training_cache.usable(gm, example_inputs, config)
+    if training:
+        compilers, built = training_cache.output_codes(compilers, config)
     try:
         # AOTAutograd traces forward and backward here
-        with python_decompositions_bypassed(), precompile.autograd_cache_unbundled():
-            compiled = aot_autograd(
-                fw_compiler=lambda g, ex: compile_graph(g, ex, config, "forward", attention,
-                                                        convs),
-                bw_compiler=lambda g, ex: compile_graph(g, ex, config, "backward"),
-                inference_compiler=lambda g, ex: compile_graph(g, ex, config, "inference",
-                                                               attention, convs, record),
-                decompositions=decomposition_table(),
-                keep_inference_input_mutations=True,
-            )(gm, example_inputs)
+        with python_decompositions_bypassed(), (
+                training_cache.cached_aot(config, hw) if training
+                else precompile.autograd_cache_unbundled()) as loaded:
+            compiled = aot_autograd(**compilers, decompositions=decomposition_table(),
+                                    keep_inference_input_mutations=True)(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - tracing or decomposing failed: see _unexpected
         _unexpected("the Dynamo graph", e, config)
         if saving:
@@ -209,7 +216,13 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
         return gm.forward
     if key is not None and record and "plan" in record:
         graph_cache.save(key, record["plan"])
-    return precompile.saved_graph(record, config) if saving else compiled
+    for graph in loaded or ():  # from AOTAutograd's cache: reported under new names
+        graph.plan.graph.name = f"g{next(_graph_ids)}_{graph.plan.graph.name.split('_', 1)[1]}"
+        publish(GraphReport(graph.plan.graph.name, graph.plan, graph), config, hw)
+    if saving:
+        return precompile.saved_training(compiled, built) if training else \
+            precompile.saved_graph(record, config)
+    return compiled
 
 
 def _from_cache(key: str, gm: fx.GraphModule, config: Config):

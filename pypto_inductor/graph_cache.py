@@ -73,15 +73,23 @@ def storable_graph(gm: fx.GraphModule, example_inputs, cfg) -> bool:
         and all(map(_static, example_inputs))
 
 
+def settings_tag(cfg, hw) -> str:
+    """A hash of what a compile depends on besides the graph and its inputs: the entry
+    format, pypto_inductor's sources and module settings, the options, the hardware model."""
+    h = hashlib.sha256()
+    for part in (f"graph format {FORMAT}", plan_cache.code_hash(), plan_cache.settings_hash(),
+                 repr(dataclasses.replace(cfg, report_path=None)), repr(hw)):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
 def key(gm: fx.GraphModule, example_inputs, cfg, hw) -> str | None:
     """The cache key of a Dynamo graph, or None when its compile is never stored."""
     if not enabled() or not storable_graph(gm, example_inputs, cfg):
         return None
     h = hashlib.sha256()
-    for part in (f"graph format {FORMAT}", torch.__version__, sys.version,
-                 plan_cache.code_hash(), plan_cache.settings_hash(),
-                 f"grad {torch.is_grad_enabled()}",
-                 repr(dataclasses.replace(cfg, report_path=None)), repr(hw)):
+    for part in (settings_tag(cfg, hw), torch.__version__, sys.version,
+                 f"grad {torch.is_grad_enabled()}"):
         h.update(part.encode() + b"\0")
     for name, mod in gm.named_modules():
         if isinstance(mod, fx.GraphModule):

@@ -4,11 +4,13 @@ torch's ahead-of-time compile saves a compiled function to a file and loads it i
 process without Dynamo's trace (about 0.9 s of a zoo model's warm first call,
 docs/benchmarks.md). It asks the backend for a callable it can serialize
 (``SerializableCallable``); the backend knows it is asked from torch's functorch config
-(:func:`requested`). What we save is the graph's FusionPlan, pickled as graph_cache stores
-it, with the options: loading rebuilds the CompiledGraph from it (kernels from the kernel
-cache, compiled on a miss), as a graph_cache hit does. So the graphs that can be saved are
-those graph_cache can store (its docstring: inference, static shapes, fresh outputs);
-any other graph gets :class:`PrecompileError` naming why.
+(:func:`requested`). For an inference graph we save its FusionPlan, pickled as graph_cache
+stores it, with the options: loading rebuilds the CompiledGraph from it (kernels from the
+kernel cache, compiled on a miss), as a graph_cache hit does, with no AOTAutograd at all.
+Such graphs are those graph_cache can store (its docstring: static shapes, fresh outputs).
+A training graph (training_cache.py's conditions) is saved as torch saves Inductor's: the
+AOTAutograd entry holding our forward and backward GraphOutputCodes (:func:`saved_training`).
+Any other graph gets :class:`PrecompileError` naming why.
 """
 from __future__ import annotations
 
@@ -69,8 +71,20 @@ def saved_graph(record: dict | None, config: Config) -> PrecompiledGraph:
     """The saveable form of the graph just compiled (``record`` as compile_graph filled it)."""
     if record is None or "plan" not in record:
         raise PrecompileError(
-            "pypto can save (aot_compile) inference graphs with static shapes whose outputs "
-            "are fresh tensors: run the function under torch.no_grad() (or with no input "
-            "requiring grad), without dynamic shapes, autocast or a debug_dir. Other graphs: "
-            "use torch.compile(..., backend='pypto') without aot_compile.")
+            "pypto can save (aot_compile) graphs with static shapes, no constants or modules "
+            "on the graph, and, for inference, outputs that are fresh tensors: compile "
+            "without dynamic shapes, autocast or a debug_dir. Other graphs: use "
+            "torch.compile(..., backend='pypto') without aot_compile.")
     return PrecompiledGraph(record["plan"], config, record["compiled"])
+
+
+def saved_training(compiled, built: list):
+    """AOTAutograd's result for a training graph (``built``: its GraphOutputCodes), which
+    aot_compile wraps and serializes as it does Inductor's."""
+    eager = [b for b in built if not b.native]
+    if eager or getattr(compiled, "serialize", None) is None:
+        raise PrecompileError(
+            f"{len(eager)} of the training graph's {len(built)} ATen graphs run eagerly "
+            "(see the warnings above), so it cannot be saved: use torch.compile(..., "
+            "backend='pypto') without aot_compile.")
+    return compiled

@@ -265,7 +265,7 @@ _SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     import torch, torch.nn.functional as F
-    from pypto_inductor import graph_cache
+    from pypto_inductor import graph_cache, training_cache
     from pypto_inductor.fusion import plan_cache
     from pypto_inductor.report import collect
     plan_cache.cache_dir = lambda: Path(sys.argv[1], "plans")
@@ -300,12 +300,14 @@ _SCRIPT = textwrap.dedent("""
         for g, w in zip(grads, [p.grad for p in model.parameters()] + [x2.grad]):
             check(g, w, "training gradients")
     plans += [[[op.name for op in t.ops] for t in g.plan.tiles] for g in graphs]
-    print(json.dumps({"stats": plan_cache.stats, "graphs": graph_cache.stats, "plans": plans}))
+    print(json.dumps({"stats": plan_cache.stats, "graphs": graph_cache.stats,
+                      "training": training_cache.stats, "plans": plans}))
 """)
 
 
 def _process(plans_dir, seed):
-    env = dict(os.environ, PYPTO_INDUCTOR_PLAN_CACHE="1")
+    env = dict(os.environ, PYPTO_INDUCTOR_PLAN_CACHE="1",  # AOTAutograd's cache too:
+               TORCHINDUCTOR_CACHE_DIR=str(plans_dir / "inductor"))
     out = subprocess.run([sys.executable, "-c", _SCRIPT, str(plans_dir), str(seed)],
                          capture_output=True, text=True, env=env, timeout=900,
                          cwd=Path(__file__).resolve().parent.parent)
@@ -316,13 +318,15 @@ def _process(plans_dir, seed):
 def test_a_warm_process_plans_nothing_and_matches_eager(tmp_path):
     """Static and dynamic=True inference and a training graph (forward and backward), in a
     cold process and in a warm one on its caches, each on fresh random inputs: the static
-    inference graph comes from the graph cache, the others' plans from the plan cache."""
+    inference graph comes from the graph cache, the training forward and backward from
+    AOTAutograd's cache (training_cache.py), the others' plans from the plan cache."""
     cold = _process(tmp_path, 1)
     graphs = cold["stats"]["misses"]
     assert graphs >= 4 and cold["stats"]["hits"] == 0  # static, dynamic, forward, backward
     stored = cold["graphs"]["stored"]
-    assert stored >= 1
+    assert stored >= 1 and cold["training"]["loaded"] == 0
     warm = _process(tmp_path, 2)
     assert warm["graphs"]["hits"] == stored and warm["graphs"]["stored"] == 0
-    assert warm["stats"] == {"hits": graphs - stored, "misses": 0, "rejected": 0}
+    assert warm["training"]["loaded"] == 2
+    assert warm["stats"] == {"hits": graphs - stored - 2, "misses": 0, "rejected": 0}
     assert warm["plans"] == cold["plans"]

@@ -1,8 +1,10 @@
 """benchmarks/compile_time.py: the training mode measures a first forward+backward step;
-the aot mode a saved function's load and first call."""
+the aot modes a saved function's load and first call (forward, or training step)."""
 from __future__ import annotations
 
 import math
+
+import pytest
 
 from benchmarks import compile_time
 
@@ -26,8 +28,9 @@ def test_train_mode_step_runs_a_backward():
     assert not model.training and "labels" not in kw
 
 
-def test_aot_mode_loads_the_saved_function_in_a_new_process():
-    r = compile_time.measure(compile_time.TINY, ("pypto",), "aot")
+@pytest.mark.parametrize("mode", ["aot", "aot-train"])
+def test_aot_mode_loads_the_saved_function_in_a_new_process(mode):
+    r = compile_time.measure(compile_time.TINY, ("pypto",), mode)
     cold, warm = r["pypto", "cold"], r["pypto", "warm"]
     # cold: Dynamo's trace, our compile and the save; warm: the file loaded, no trace
     assert 0 < warm["first_s"] < cold["first_s"] and warm["start_s"] >= warm["first_s"]

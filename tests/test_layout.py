@@ -29,7 +29,7 @@ LAYERS = [
     {"ir", "hardware", "sizes", "ops", "config", "progress"},
     {"lowering", "fusion"},
     {"codegen"},
-    {"runtime", "calibrate", "graph_cache", "precompile"},
+    {"runtime", "calibrate", "graph_cache", "training_cache", "precompile"},
     {"report"},
     {"api", "backend"},
     {"__init__", "__main__", "cli", "models", "zoo"},
