@@ -92,3 +92,30 @@ def test_inference_and_disabled_cache_go_around_it(caches, monkeypatch):
     monkeypatch.setenv("PYPTO_INDUCTOR_GRAPH_CACHE", "0")
     _train_step()
     assert not counters["aot_autograd"]["autograd_cache_saved"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "resnet"])
+def test_real_model_training_step_from_the_cache_matches_eager(caches, name):
+    """A transformers model (dropout on) and the conv net (BatchNorm's running statistics
+    mutated in the graph): the second compile is a hit, and its step gives eager's loss,
+    gradients and buffers on a fresh batch."""
+    from pypto_inductor import zoo
+    tol = {"atol": 1e-5, "rtol": 1e-4}  # as tests/test_real_models.py
+    for seed in (1, 2):
+        torch._dynamo.reset()
+        model, ref = zoo.build(name).train(), zoo.build(name).train()
+        batch = zoo.batch(name, seed=seed)
+        torch.manual_seed(seed)  # the same dropout masks in both
+        loss = torch.compile(model, backend="pypto")(**batch)["loss"]
+        loss.backward()
+        torch.manual_seed(seed)
+        want = ref(**batch)["loss"]
+        want.backward()
+        torch.testing.assert_close(loss, want, **tol)
+        for (p_name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **tol, msg=lambda m: f"{p_name}: {m}")
+        for b, c in zip(model.buffers(), ref.buffers()):
+            torch.testing.assert_close(b, c, **tol)
+        if seed == 1:
+            stored = counters["aot_autograd"]["autograd_cache_saved"]
+    assert stored >= 1 and training_cache.stats["loaded"] == 2 * stored  # forwards, backwards
