@@ -8,7 +8,9 @@ with ``backend="pypto"`` would share the first one's kernels (and a ``torch._dyn
 between them makes the first recompile, in the timed loop, with whatever the switch is
 then). A compile inside the timed loop raises. Rounds of 5 calls per variant, the order
 reversed every other round, one thread, the thread's CPU time (robust to other
-processes); printed: medians per variant and the per-round median of off / on.
+processes); with ``--threads N`` (N > 1) N torch threads and wall time (the thread's CPU
+time would leave the other threads out: noisy on a shared machine, say its load). Printed:
+medians per variant and the per-round median of off / on.
 """
 from __future__ import annotations
 
@@ -58,11 +60,12 @@ def _variants(name: str, mode: str, switch: tuple) -> tuple[dict, dict]:
     return steps, results
 
 
-def run(switch: str, models: list[str], mode: str, rounds: int) -> None:
+def run(switch: str, models: list[str], mode: str, rounds: int, threads: int = 1) -> None:
     modname, attr = switch.rsplit(".", 1)
     mod = importlib.import_module(modname)
     old = getattr(mod, attr)
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     # each variant's backend callable is a new compile of the model's frames: past Dynamo's
     # default limit of 8 a model with several graphs would run its frames eagerly
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -77,16 +80,16 @@ def run(switch: str, models: list[str], mode: str, rounds: int) -> None:
                 per = {label: [] for label in steps}
                 for _ in range(5):
                     for label, step in order:
-                        start = time.thread_time()
+                        start = clock()
                         step()
-                        per[label].append(time.thread_time() - start)
+                        per[label].append(clock() - start)
                 for label in steps:
                     times[label].append(statistics.median(per[label]) * 1e3)
         finally:
             setattr(mod, attr, old)
         med = {label: statistics.median(t) for label, t in times.items()}
         ratio = statistics.median(a / b for a, b in zip(times["off"], times["on"]))
-        print(f"{name} {mode}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items())
+        print(f"{name} {mode} ({threads} thread{'s' if threads > 1 else ''}): " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items())
               + f"; off/on {ratio:.3f} (per-round median); Inductor/pypto off "
               f"{med['inductor'] / med['off']:.3f}, on {med['inductor'] / med['on']:.3f}; "
               "max relative difference from eager " + ", ".join(
@@ -99,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="t5", help="comma-separated zoo names")
     p.add_argument("--mode", choices=("forward", "train"), default="forward")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads; above 1 the rounds are timed in wall time")
     a = p.parse_args(argv)
-    run(a.switch, a.models.split(","), a.mode, a.rounds)
+    run(a.switch, a.models.split(","), a.mode, a.rounds, a.threads)
     return 0

@@ -61,6 +61,45 @@ def test_column_parts_split_between_threads(shape, built, two_threads):
           rtol=1e-4, atol=1e-4)
 
 
+def _channel_stats(x):
+    """BatchNorm's training statistics of an NHWC activation: per channel over N, H, W."""
+    return torch.var_mean(x, dim=(0, 2, 3), correction=0)
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 64, 64), (3, 5, 33, 17), (2, 24, 40, 40)])
+@pytest.mark.parametrize("overflow", [False, True], ids=["finite", "overflow"])
+def test_several_passes_split_between_threads(shape, overflow, sources, two_threads):
+    """A var_mean over too few channels for the threads (one block of kept elements) splits
+    its reduced elements pass by pass (emit_columns.SPLIT_PASSES), its conditional passes
+    included: a channel near the float max overflows the float sums, so the double passes
+    run in some parts only."""
+    x = (rand(*shape) * 3 + 1).contiguous(memory_format=torch.channels_last)
+    if overflow:
+        x[:, 1] = 3e37 + 1e36 * rand(shape[0], *shape[2:])
+    check(_channel_stats, x, rtol=1e-5, atol=1e-5)
+    want = torch.var_mean(x.double(), dim=(0, 2, 3), correction=0)
+    torch.testing.assert_close(torch.compile(_channel_stats, backend="pypto")(x),
+                               [w.float() for w in want], rtol=1e-5, atol=1e-5)
+    assert any("kept" in src and "S > 1" in src for src in sources), "no pass was split"
+
+
+def test_split_passes_leave_one_thread_calls_bit_identical(threads):
+    """At one thread the kernel takes its unsplit loop: the same bits as without the switch."""
+    from pypto_inductor.codegen.cpp import emit_columns
+    threads(1)
+    x = (rand(4, 16, 32, 32) * 3 + 1).contiguous(memory_format=torch.channels_last)
+    got = {}
+    for on in (False, True):
+        torch._dynamo.reset()
+        old, emit_columns.SPLIT_PASSES = emit_columns.SPLIT_PASSES, on
+        try:
+            got[on] = torch.compile(_channel_stats, backend="pypto")(x)
+        finally:
+            emit_columns.SPLIT_PASSES = old
+    torch.testing.assert_close(got[True], got[False], rtol=0, atol=0)
+    torch.testing.assert_close(got[True], _channel_stats(x))
+
+
 def test_column_reduction_of_strided_input(built):
     check(lambda x: (x.sum(0), x.amax(0)), rand(300, 64).t(), built=built,
           rtol=1e-4, atol=1e-4)

@@ -106,3 +106,40 @@ def test_masked_bias_attention_training_matches_eager(threads, sources, monkeypa
     assert any(NARROW_LOOP in s for s in sources)
     for k, (want, got) in enumerate(zip(*results)):
         torch.testing.assert_close(got, want, msg=f"result {k}")
+
+
+def _bn_relu(x, m, s, w, b):  # BatchNorm's apply + ReLU on channels-last rows of C
+    return torch.relu((x - m[:, None, None]) * s[:, None, None] * w[:, None, None]
+                      + b[:, None, None])
+
+
+def _bn_input_grad(x, m, s, g, a, w):  # BatchNorm backward's input gradient, as in the ResNet
+    return ((g - (x - m[:, None, None]) * s[:, None, None]) - a[:, None, None]) * w[:, None, None]
+
+
+@pytest.mark.parametrize("channels", [16, 32])
+@pytest.mark.parametrize("fn", [_bn_relu, _bn_input_grad], ids=["bn_relu", "bn_input_grad"])
+def test_wide_narrow_rows_for_channels_last_batchnorm(fn, channels, sources, monkeypatch):
+    """Rows of 16 and 32 channels (NARROW_WIDE_ROWS): the narrow loop is taken only with the
+    switch on, and both give eager's values bit for bit at one and two threads."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(4, channels, 24, 20, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    per_channel = [torch.randn(channels, generator=g) for _ in range(5)]
+    if fn is _bn_relu:
+        args = (x, *per_channel[:4])
+    else:
+        grad = torch.randn(x.shape, generator=g).contiguous(memory_format=torch.channels_last)
+        args = (x, *per_channel[:2], grad, *per_channel[2:4])
+    want = fn(*args)
+    monkeypatch.setattr(emit_rows, "NARROW_WIDE_ROWS", False)
+    off = _compiled(fn, args, 1)
+    assert sources and not any(NARROW_LOOP in s for s in sources)
+    sources.clear()
+    monkeypatch.setattr(emit_rows, "NARROW_WIDE_ROWS", True)
+    on = {nt: _compiled(fn, args, nt) for nt in (1, 2)}
+    assert any(NARROW_LOOP in s for s in sources)
+    torch.testing.assert_close(off, want, rtol=0, atol=0)
+    for nt, out in on.items():
+        assert out.stride() == want.stride(), nt
+        torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"{nt} threads")

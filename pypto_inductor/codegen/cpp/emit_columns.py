@@ -53,6 +53,13 @@ NARROW_ROWS = 8
 # element at a time). The same elements are read in the same order: bit-exact.
 # Switch: the benchmark's "before".
 MERGED_REDUCED_DIMS = True
+# A tile of several passes (BatchNorm's statistics: the mean, then the squared deviations
+# from it) with too few blocks of kept elements for the threads (16 channels: one block)
+# ran on one thread. It splits the reduced elements between the threads per pass too, as a
+# one-pass tile does: each pass one parallel loop into partial totals, one loop per block
+# adding them and keeping the pass's results (per kept element) for the next pass. Only
+# without per-element outputs. Switch: the benchmark's "before".
+SPLIT_PASSES = True
 
 
 def narrow_counts(k) -> range | tuple:
@@ -86,6 +93,8 @@ class ColumnEmitter(RowEmitter):
         outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         # one pass, per-element outputs known before it: the columns may be split
         splittable = self.passes == 1 and all(self.stage[x.id] == 0 for _, x, _ in outs)
+        # several passes, no per-element output: split pass by pass
+        staged = SPLIT_PASSES and self.passes > 1 and not outs
         # Blocks of whole memory rows (up to ROWS_PER_BLOCK) read memory in long runs: a
         # block split between the threads reads each row in parts, a page apart, and the
         # prefetcher starts over on every one (two threads then run as slowly as one:
@@ -94,11 +103,21 @@ class ColumnEmitter(RowEmitter):
         w("  const int64_t K = D{0}, Ro = K > 0 ? R / K : 0;".format(last))
         w(f"  int64_t NB = std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1)), S = 1;")
         w("  if (nt > 1 && Ro * ((K + NB - 1) / NB) < nt) {")
-        if splittable:
+        if splittable or staged:
             w(f"    if (C >= {SPLIT_MIN} * nt) S = nt; else")
         w("    NB = std::max<int64_t>(16, ((K + nt - 1) / nt + 15) / 16 * 16);")
         w("  }")
         w("  const int64_t NKB = (K + NB - 1) / NB, W = Ro * NKB;")
+        if staged:
+            w("  if (S > 1) {")
+            self.split_passes()
+            w("  } else {")
+            self.work_items("W", split=False)
+            self.body(outs)
+            self.end_items()
+            w("  }")
+            w("}")
+            return "\n".join(self.lines) + "\n"
         if not splittable:
             self.work_items("W", split=False)
             self.body(outs)
@@ -145,6 +164,106 @@ class ColumnEmitter(RowEmitter):
                 w(f"  std::free(pnan{x.id});")
         w("}")
         return "\n".join(self.lines) + "\n"
+
+    def split_passes(self) -> None:
+        """SPLIT_PASSES: per pass, one loop over (block, part of the reduced elements)
+        items into partial totals (``part<id>``), then one over blocks adding the parts in
+        order; a pass's reduction values go to ``kept<id>`` (per kept element), which the
+        later passes' items read back before recomputing the row values that follow from
+        them. The last pass's combining loop writes the outputs."""
+        w = self.w
+        kept = [x for s in range(1, self.passes) for x in self.reductions(s)]
+        for x in kept:
+            w(f"  {ctype(x.dtype)}* __restrict__ kept{x.id} = "
+              f"({ctype(x.dtype)}*)std::malloc(sizeof({ctype(x.dtype)}) * std::max<int64_t>(R, 1));")
+        # a conditional pass (body's ``when``) runs in the blocks where a row needs it: the
+        # previous pass's combining loop flags those blocks (need<stage>), and a pass no
+        # block needs opens no parallel loop (BatchNorm's correction passes rarely run)
+        conditional = {s for s in range(2, self.passes + 1)
+                       if all(x.attrs.get("when") for x in self.reductions(s))}
+        for stage in sorted(conditional):
+            w(f"  int* __restrict__ need{stage} = (int*)std::malloc(sizeof(int) * std::max<int64_t>(W, 1));")
+        for stage in range(1, self.passes + 1):
+            reds = self.reductions(stage)
+            for x in reds:
+                t = "double" if self.wide(x) else ctype(x.dtype)
+                w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
+                if self.has_nan(x):
+                    w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
+            if stage in conditional:
+                w(f"  bool any{stage} = false;")
+                w(f"  for (int64_t wb = 0; wb < W; ++wb) any{stage} = any{stage} || need{stage}[wb];")
+                w(f"  if (!any{stage}) {{")
+                for x in reds:
+                    w(f"    for (int64_t i = 0; i < S * R; ++i) part{x.id}[i] = {identity(x)};")
+                    if self.has_nan(x):
+                        w(f"    for (int64_t i = 0; i < S * R; ++i) pnan{x.id}[i] = 0;")
+                w("  } else {")
+            self.work_items("W * S", split=True)
+            self.kept_values(stage)
+            self.init(reds)
+            # a conditional pass (body): run where a row of the block needs it, the same
+            # rows in every part
+            when = all(x.attrs.get("when") for x in reds)
+            if when:
+                w(f"    bool run{stage} = false;")
+                self.block_loop([f"run{stage} |= {' || '.join(self.var(x.args[1]) for x in reds)};"])
+                w(f"    if (run{stage}) {{")
+            self.sweep(reds, [])
+            if when:
+                w("    }")
+            self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
+                            [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
+                             for x in reds if self.has_nan(x)])
+            self.end_items()
+            if stage in conditional:
+                w("  }")
+            self.work_items("W", split=False)
+            self.kept_values(stage)
+            for x in reds:
+                self.declare(x)
+                acc = self.total(x)
+                lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
+                if self.has_nan(x):
+                    lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
+                lines.append("for (int64_t q = 1; q < S; ++q) {")
+                if self.wide(x):
+                    lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
+                else:
+                    lines += ["  " + line for line in self.update(
+                        x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
+                lines.append("}")
+                self.block_loop(lines)
+            self.finish(reds, stage)
+            if stage + 1 in conditional:
+                nxt = self.reductions(stage + 1)
+                w("    bool flag = false;")
+                self.block_loop([f"flag |= {' || '.join(self.var(x.args[1]) for x in nxt)};"])
+                w(f"    need{stage + 1}[wb] = flag;")
+            if stage < self.passes:
+                self.block_loop([f"kept{x.id}[r0 + j] = v{x.id}[j];" for x in reds])
+            else:
+                self.outputs()
+            self.end_items()
+            for x in reds:
+                w(f"  std::free(part{x.id});")
+                if self.has_nan(x):
+                    w(f"  std::free(pnan{x.id});")
+        for x in kept:
+            w(f"  std::free(kept{x.id});")
+        for stage in sorted(conditional):
+            w(f"  std::free(need{stage});")
+
+    def kept_values(self, stage: int) -> None:
+        """In a work item of pass ``stage`` (split_passes): the row values before it, the
+        earlier passes' reduction values read back from ``kept<id>``."""
+        self.row_nodes(0)
+        for s in range(1, stage):
+            xs = self.reductions(s)
+            for x in xs:
+                self.w(f"    {ctype(x.dtype)} v{x.id}[{ROWS_PER_BLOCK}];")
+            self.block_loop([f"v{x.id}[j] = kept{x.id}[r0 + j];" for x in xs])
+            self.row_nodes(s)
 
     def end_items(self) -> None:
         """Close the loop work_items opened, under ``omp parallel for`` (and its serial copy:

@@ -103,6 +103,13 @@ HOIST_BROADCAST_LOADS = True
 NARROW_ROWS = True
 NARROW_MAX_COLS = 8
 NARROW_BLOCK = 1024
+# ... and rows of up to NARROW_WIDE_MAX_COLS columns: a channels-last BatchNorm apply
+# (+ ReLU) or its input gradient over 16 or 32 channels paid the same per-row index
+# decomposition and offsets on every 16-32 elements ([4, 16, 64, 64], one thread: 96 -> 56
+# us a call, its input gradient 114 -> 63; Inductor 44, 53; docs/benchmarks.md, k19a).
+# Switch: the benchmark's "before".
+NARROW_WIDE_ROWS = True
+NARROW_WIDE_MAX_COLS = 32
 
 
 class RowEmitter:
@@ -327,13 +334,15 @@ class RowEmitter:
 
     def narrow_rows(self, has_fast: bool) -> bool:
         """Whether this kernel runs blocks of rows per work item (NARROW_ROWS): a pointwise
-        tile of one column dim with at most NARROW_MAX_COLS (constant) columns, at least one
+        tile of one column dim with at most NARROW_MAX_COLS (NARROW_WIDE_MAX_COLS with
+        NARROW_WIDE_ROWS) constant columns, at least one
         row dim, each access read in the domain's frame (no reshaped read, cat, row cat or
         gather) and no fp16/bf16 staging."""
         p = self.p
         cols = self.static_cols()
+        most = NARROW_WIDE_MAX_COLS if NARROW_WIDE_ROWS else NARROW_MAX_COLS
         if not NARROW_ROWS or p.reduction or self.colsums or p.m != 1 or not self.outer \
-                or cols is None or cols > NARROW_MAX_COLS or not has_fast \
+                or cols is None or cols > most or not has_fast \
                 or getattr(p, "cat_bounds", None) or getattr(p, "writes", None):
             return False
         halves = (torch.float16, torch.bfloat16)
