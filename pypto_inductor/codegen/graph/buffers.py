@@ -81,7 +81,7 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
         # autograd recording: AOTAutograd's forward runs under no_grad)
         keeps = not (kind == "view" or (launch is not None and (
             REUSE_AFTER_TORCH_CALLS or not getattr(launch, "gemm", False)))
-            or (kind == "extern" and REUSE_AFTER_TORCH_CALLS and _fresh_results(step)))
+            or (kind == "extern" and REUSE_AFTER_TORCH_CALLS and fresh_results(step)))
         for s in ins:
             r = root.get(s, s)
             if r in key and keeps:
@@ -119,7 +119,7 @@ def fresh_outputs(launch) -> list[tuple]:
     return out
 
 
-def _fresh_results(step) -> bool:
+def fresh_results(step) -> bool:
     """Whether an extern op's results are fresh tensors and it writes none of its
     arguments (an ATen overload whose schema has no alias annotation)."""
     schema = getattr(step.fn, "_schema", None)

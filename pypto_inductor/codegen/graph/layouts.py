@@ -13,8 +13,9 @@ import sympy
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
+from ...ir import TensorSpec
 from ...sizes import is_symbolic, resolve_static, same_shape
-from .buffers import fresh_outputs
+from .buffers import fresh_outputs, fresh_results
 from .program import graph_slots
 
 
@@ -29,6 +30,9 @@ RETURNED_REINTERPRET = True  # likewise: a returned view of an intermediate (ret
 SAVED_REINTERPRET = True  # likewise: a forward's saved view of an intermediate (returned_views)
 IDENTITY_VIEWS = True  # likewise: a view of its base's own layout is the base (reinterpret_source)
 FOLD_VIEWS = True  # likewise: views of compile-time layouts read by native kernels as offsets
+EXTERN_LAYOUTS = True  # likewise: an extern op's fresh outputs have their traced layouts (fix_extern)
+INPUT_LAYOUTS = True  # likewise: inputs only read have their traced layouts (fix_inputs)
+WRAPPED_LAYOUTS = True  # likewise: native kernels called through their wrapper (fix_wrapped)
 
 
 def returned_views(graph, program, saved_from: int | None = None) -> set[int]:
@@ -102,6 +106,101 @@ def fix_outputs(fixed: dict, outs, launch) -> None:
             continue
         sizes = tuple(int(resolve_static(d)) for d in shape)
         fixed[s] = (sizes, make_contiguous_strides_for(sizes), 0, dt)
+
+
+def fix_extern(code, fixed: dict, outs, names, spec_of, step, last_read, at: int) -> list[str]:
+    """Record the layouts of an extern op's fresh static outputs (a convolution's, a
+    pooling's) as traced (their FakeTensors' strides), as Inductor does: views of them
+    become reinterprets or byte offsets for native kernels (FOLD_VIEWS), and the kernels
+    reading them look up constant layout keys, no ``permute`` nor ``stride()`` per call.
+    Lines checking the strides at run time: an output whose strides differ from the
+    traced ones (an ATen kernel choosing another layout than its meta function) is copied
+    into the traced layout, so the code written for it stays right."""
+    if not fresh_results(step):
+        return []
+    lines = []
+    for s in outs:
+        spec = spec_of.get(s)
+        if s is None or last_read.get(s, -1) <= at or not isinstance(spec, TensorSpec) \
+                or any(is_symbolic(sympy.sympify(d)) for d in (*spec.shape, *spec.stride)):
+            continue
+        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+        strides = tuple(int(resolve_static(d)) for d in spec.stride)
+        fixed[s] = (sizes, strides, 0, spec.dtype)
+        code.bound.setdefault("relayout", relayout)
+        v = names[s]
+        lines += [f"    if {v}.stride() != {strides}:",
+                  f"        {v} = relayout({v}, {sizes}, {strides})"]
+    return lines
+
+
+def fix_inputs(code, fixed: dict, graph, program, kernels, aliased, names, spec_of) -> list[str]:
+    """fix_extern for the graph's inputs that it only reads (a training backward's saved
+    activations, BatchNorm's weights): each one read by a view or an inline native kernel,
+    of a static traced layout, whose readers (through views) are views, inline native
+    kernels, GEMM calls or extern ops writing no argument, and that no returned value is
+    or views. Their strides are checked once per call; an input of other strides is read
+    from a copy in the traced layout (the graph writes none of them and returns no view of
+    them, so nobody sees the difference)."""
+    ok, seen = {}, {}  # input slot -> still a candidate; view slot -> its input's slot
+    n_in = len(graph.inputs)
+    for s in range(n_in):
+        spec = spec_of.get(s)
+        ok[s] = isinstance(spec, TensorSpec) and s not in aliased and not any(
+            is_symbolic(sympy.sympify(d)) for d in (*spec.shape, *spec.stride))
+    useful = set()
+    for kind, name, fn, ins, outs, step in program:
+        launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
+        reads = {seen.get(s, s) for s in ins if seen.get(s, s) < n_in}
+        if kind == "view":
+            for o in outs:
+                if o is not None and reads:
+                    seen[o] = next(iter(reads)) if len(reads) == 1 else n_in  # n_in: none
+            if len(reads) > 1 or any(o in aliased for o in outs):
+                for r in reads:
+                    ok[r] = False
+            useful |= reads
+        elif launch is not None:
+            if not getattr(launch, "gemm", False):
+                useful |= reads
+        elif not (kind == "extern" and fresh_results(step)):
+            for r in reads:
+                ok[r] = False
+    lines = []
+    for s in range(n_in):
+        if not ok[s] or s not in useful:
+            continue
+        spec = spec_of[s]
+        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+        strides = tuple(int(resolve_static(d)) for d in spec.stride)
+        fixed[s] = (sizes, strides, 0, spec.dtype)
+        code.bound.setdefault("relayout", relayout)
+        v = names[s]
+        lines += [f"    if {v}.stride() != {strides}:",
+                  f"        {v} = relayout({v}, {sizes}, {strides})"]
+    return lines
+
+
+def relayout(t: torch.Tensor, sizes, strides) -> torch.Tensor:
+    """``t`` copied into a fresh tensor of the given sizes and strides (fix_extern)."""
+    return torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def fix_wrapped(fixed: dict, outs, kernel, spec_of) -> None:
+    """fix_outputs for a native kernel called through its wrapper (launcher.wrapper_source:
+    one writing into an input, BatchNorm's running statistics): each static output but
+    those written into an input is the wrapper's fresh contiguous ``empty``."""
+    program = getattr(kernel, "program", None)
+    if kernel is None or kernel.launch is not None or not kernel.native \
+            or not kernel.takes_allocator or not hasattr(program, "writes"):
+        return
+    for j, s in enumerate(outs):
+        spec = spec_of.get(s)
+        if s is None or j in program.writes or not isinstance(spec, TensorSpec) \
+                or any(is_symbolic(sympy.sympify(d)) for d in spec.shape):
+            continue
+        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+        fixed[s] = (sizes, make_contiguous_strides_for(sizes), 0, spec.dtype)
 
 
 def fix_products(fixed: dict, outs, step, graph, aliased, launch) -> None:

@@ -16,7 +16,7 @@ from . import keys, layouts, views
 from .buffers import small_outputs, static_reuse, take_dead
 from .keys import epilogue_key, layout_key
 from .memo import memo_source
-from .layouts import fix_outputs, fix_products, fixed_view, reinterpret_source, \
+from .layouts import fix_extern, fix_inputs, fix_outputs, fix_products, fix_wrapped, fixed_view, reinterpret_source, \
     returned_views, same_spec
 from .program import graph_slots, has_refs, slot_specs
 from .source import GraphCode, extern_source, view_source
@@ -87,6 +87,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
     spec_of = slot_specs(graph, program)
     if aliased is not None:
         code.bound["reinterpret"] = layouts.reinterpret_tensor
+    if aliased is not None and layouts.INPUT_LAYOUTS:  # see layouts.fix_inputs
+        out += fix_inputs(code, fixed, graph, program, kernels, aliased, names, spec_of)
     first_step = len(out)
     # views of compile-time layouts not made until a reader needs the tensor: a native
     # kernel reads them as their root buffer and a byte offset (layouts.FOLD_VIEWS)
@@ -203,6 +205,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 call = f"{code.bind('kern', fn)}([{args}], syms)"
                 out.append(f"    {''.join(d + ', ' for d in defs)}= {call}" if defs
                            else f"    {call}")
+                if aliased is not None and layouts.WRAPPED_LAYOUTS:
+                    fix_wrapped(fixed, outs, kernels.get(name), spec_of)
             if profile:
                 out.append(f"    {t}.append((perf_counter() - start) * 1e6)")
         elif kind == "view" and outs[0] in interior:  # computed by its chain's tail
@@ -271,6 +275,8 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                 known.add(outs[0])
         else:
             out += extern_source(code, step, fn, defs, args, names, slot)
+            if aliased is not None and layouts.EXTERN_LAYOUTS:  # see layouts.fix_extern
+                out += fix_extern(code, fixed, outs, names, spec_of, step, last_read, i)
         # a chain's base lives until its last chain's tail, which may come after its
         # last other reader (fuzz seed 1020: an expand of the base read after the chain)
         for j, dying in enumerate((free, recycle)):
