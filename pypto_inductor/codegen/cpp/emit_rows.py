@@ -889,8 +889,9 @@ class RowEmitter:
         """Columns [lo, lo + n * cv) of a row's float sums: partial sum acc<id>_s<l> adds
         the columns l mod n (one named variable per lane, each block of n columns written
         out, so GCC's SLP vectoriser holds them in n / 16 vector registers without
-        reassociating any of them), then the lanes add as a tree of vector adds into
-        acc<id>."""
+        reassociating any of them; with LANE_LOOP an ``omp simd`` loop over the lanes into
+        the array acc<id>_v, which GCC also keeps in vector registers), then the lanes add
+        as a tree of vector adds into acc<id>."""
         self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
         for x in reductions:
             self.w(f"      alignas(64) float acc{x.id}_v[{n}] = {{}};" if LANE_LOOP else

@@ -37,8 +37,9 @@ HEADER = PRELUDE[:PRELUDE.index("#define PI_INLINE")].lstrip("\n")
 AUTO = True
 AUTO_AFTER = 1
 _BUILDING = "building"
-_built: dict[str, str | None] = {}  # its directory -> header path, None: build failed
-_compiled: dict[str, int] = {}  # cache directory -> prelude libraries this process sent
+headers: dict[str, str | None] = {}  # its directory -> header path, None: build failed,
+#   _BUILDING: a thread of this process builds it
+prelude_compiles: dict[str, int] = {}  # cache directory -> prelude libraries this process sent
 _lock = threading.Lock()
 
 
@@ -66,22 +67,22 @@ def flags(compiler, extra_flags, source: str, root: Path) -> list[str]:
     key = hashlib.sha256("\0".join([path, version, *cflags, HEADER]).encode()).hexdigest()[:24]
     where = root / "pch" / key
     with _lock:
-        earlier = _compiled.get(str(root), 0)
-        _compiled[str(root)] = earlier + 1
+        earlier = prelude_compiles.get(str(root), 0)
+        prelude_compiles[str(root)] = earlier + 1
         ready = (where / "pi_std.h.gch").exists() and (where / "pi_std.h").exists()
-        if str(where) in _built and (ready or _built[str(where)] in (None, _BUILDING)):
-            header = _built[str(where)]
+        if str(where) in headers and (ready or headers[str(where)] in (None, _BUILDING)):
+            header = headers[str(where)]
             return [] if header in (None, _BUILDING) else ["-include", header]
         # (a header built here and removed since, with its cache: decided again)
         if not (how == "on" or ready or earlier >= AUTO_AFTER):
             return []
-        _built[str(where)] = _BUILDING  # this thread builds it; others go without meanwhile
+        headers[str(where)] = _BUILDING  # this thread builds it; others go without meanwhile
     header = _build(path, cflags, where, wait=how == "on")
     with _lock:
         if header is _BUILDING:  # another process is building it: ask again next time
-            del _built[str(where)]
+            del headers[str(where)]
             return []
-        _built[str(where)] = header
+        headers[str(where)] = header
     return ["-include", header] if header else []
 
 
