@@ -36,9 +36,10 @@ def test_precompiled_header_builds_the_same_library(tmp_path, monkeypatch):
 
 
 def test_header_built_at_the_second_prelude_library_by_default(tmp_path, monkeypatch):
-    """PYPTO_INDUCTOR_PCH unset (pch.AUTO): a process's first library with the prelude into
-    a cache directory compiles without the header, the second builds and takes it; a new
-    process (fresh state) takes an existing header at once; with AUTO off, never."""
+    """PYPTO_INDUCTOR_PCH unset (pch.AUTO): with AUTO_AFTER 1 a process's first library with
+    the prelude into a cache directory compiles without the header, the second builds and
+    takes it; a new process (fresh state) takes an existing header at once; with AUTO off,
+    never."""
     found = compiler.find_compiler()
     if found is None or "clang" in found[1].lower():
         pytest.skip("g++ only (clang's precompiled headers are another format)")
@@ -50,6 +51,7 @@ def test_header_built_at_the_second_prelude_library_by_default(tmp_path, monkeyp
     assert pch.flags(found, (), SOURCE, tmp_path) == []
     assert not (tmp_path / "pch").exists()
     monkeypatch.setattr(pch, "AUTO", True)
+    monkeypatch.setattr(pch, "AUTO_AFTER", 1)
     monkeypatch.setattr(pch, "prelude_compiles", {})
     assert pch.flags(found, (), SOURCE, tmp_path) == []
     assert not (tmp_path / "pch").exists()

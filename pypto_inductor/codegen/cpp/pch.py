@@ -9,12 +9,13 @@ the same code-generation flags and falls back to the text otherwise, and the ker
 (objdump of every kernel of 20 fuzz cases and of a GPT-2 training step's libraries
 identical with and without it, docs/fuzz.md, docs/benchmarks.md).
 
-Building the header costs ~1.2 s CPU and 40 MB once per cache directory: a loss for a
-process compiling one library into a fresh cache, a win from ~4 libraries on. So
-``PYPTO_INDUCTOR_PCH`` unset (``AUTO``): a process uses the header where its cache
-directory has it, and builds it at its second library with the prelude into that
-directory (the one that builds it waits; a compile running meanwhile goes without);
-``=1`` uses it from the first library (the fuzzer), ``=0`` never. GCC only (clang's
+Building the header costs ~1.2 s CPU and 40 MB once per cache directory, compiler and
+flags, and saves ~0.3 s per library after: with the default, lasting cache directory that
+is once per machine. So ``PYPTO_INDUCTOR_PCH`` unset (``AUTO``): a process uses the header
+where its cache directory has it and builds it at its first library with the prelude
+into that directory once it has compiled ``AUTO_AFTER`` (0) of them there
+(the thread building it waits; a compile running meanwhile goes without); ``=1`` always
+(the fuzzer), ``=0`` never. GCC only (clang's
 PCH is another format).
 """
 from __future__ import annotations
@@ -31,11 +32,11 @@ from .prelude import PRELUDE
 
 # the prelude's include block, verbatim: a source that starts with it can take the header
 HEADER = PRELUDE[:PRELUDE.index("#define PI_INLINE")].lstrip("\n")
-# PYPTO_INDUCTOR_PCH unset: build the header once a process compiles more than AUTO_AFTER
+# PYPTO_INDUCTOR_PCH unset: build the header once a process has compiled AUTO_AFTER
 # libraries with the prelude into a cache directory (False: the old opt-in only; the
 # benchmark's "before")
 AUTO = True
-AUTO_AFTER = 1
+AUTO_AFTER = 0
 _BUILDING = "building"
 headers: dict[str, str | None] = {}  # its directory -> header path, None: build failed,
 #   _BUILDING: a thread of this process builds it
