@@ -38,6 +38,10 @@ LANES_MIN_COLUMNS = 1024
 # select on a bool input (`where(mask, 0, x).sum()`: wrong sums at 1024+ columns, fuzz
 # seed 50047; test_long_row_sum_of_a_select_on_a_bool_input), so long rows take 16 too.
 VECTOR_LANES = 16
+# ... written as an `omp simd` loop over the lanes into an array of partial sums (the
+# summed value's code once, not once per lane: GPT-2's LayerNorm kernels compile in less
+# time), each lane adding the same columns in the same order. False: the named lanes.
+LANE_LOOP = True
 LONG_VECTOR_LANES = 16
 # A float sum over a row adds SUM_BLOCK columns into fp32 accumulators, then each block's sum
 # into a double, a two-level cascade like eager's: the vectorised fast path's accumulators
@@ -894,16 +898,27 @@ class RowEmitter:
         """Columns [lo, lo + n * cv) of a row's float sums: partial sum acc<id>_s<l> adds
         the columns l mod n (one named variable per lane, each block of n columns written
         out, so GCC's SLP vectoriser holds them in n / 16 vector registers without
-        reassociating any of them), then the lanes add as a tree of vector adds into
-        acc<id>."""
+        reassociating any of them; with LANE_LOOP an ``omp simd`` loop over the lanes into
+        the array acc<id>_v, which GCC also keeps in vector registers), then the lanes add
+        as a tree of vector adds into acc<id>."""
         self.w(f"      const int64_t cv = ({hi} - {lo}) / {n};")
         for x in reductions:
-            self.w(f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
+            self.w(f"      alignas(64) float acc{x.id}_v[{n}] = {{}};" if LANE_LOOP else
+                   f"      float {', '.join(f'acc{x.id}_s{l} = 0.0f' for l in range(n))};")
         cols = self.static_cols()
         if self.constant_bounds and cols <= UNROLL_TRIPS * n:  # a short row
             self.w(f"      #pragma GCC unroll {UNROLL_TRIPS}")
         self.w("      for (int64_t q = 0; q < cv; ++q) {")
-        for l in range(n):
+        if LANE_LOOP:  # lane l adds the same columns in the same order
+            self.w("      #pragma omp simd")
+            self.w(f"      for (int64_t l = 0; l < {n}; ++l) {{")
+            self.w(f"        const int64_t c = {lo} + q * {n} + l;")
+            for x in deps:
+                self.define(x, "        ", col=True)
+            for line in tail("fast", "_v[l]"):
+                self.w("        " + line)
+            self.w("      }")
+        for l in range(0 if LANE_LOOP else n):
             self.w(f"       {{ const int64_t c = {lo} + q * {n} + {l};")
             for x in deps:
                 self.define(x, "        ", col=True)
@@ -911,7 +926,7 @@ class RowEmitter:
                 self.w("        " + line)
             self.w("       }")
         self.w("      }")
-        for x in reductions:
+        for x in reductions if not LANE_LOOP else ():
             self.w(f"      alignas(64) float acc{x.id}_v[{n}] = "
                    f"{{{', '.join(f'acc{x.id}_s{l}' for l in range(n))}}};")
         width = n // 2

@@ -1,0 +1,102 @@
+"""A row's float sums with their order written out (emit_rows.vector_lanes) as an ``omp simd``
+loop over the 16 lanes into an array of partial sums (emit_rows.LANE_LOOP), instead of 16
+named partial sums each with its own copy of the summed value's code: each lane adds the
+same columns in the same order, so every row kernel, forward and backward, gives the same
+bits with the switch on and off, and eager's values. Rows shorter than, not a multiple of,
+and several 256-column blocks of the 16 lanes; a sum of squares (an fma into the lane);
+LayerNorm's backward; a select on a bool mask over a long row."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pypto_inductor.codegen.cpp import emit_rows
+
+
+def layer_norm(x, y, b, w, bias, mask):
+    return F.layer_norm(x + b + y, x.shape[-1:], w, bias, 1e-5)
+
+
+def rms_norm(x, y, b, w, bias, mask):
+    h = x + y
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def moments(x, y, b, w, bias, mask):
+    return torch.stack([x.var(-1), x.mean(-1), (x * y).sum(-1),
+                        torch.where(mask, 0.0, x * b).sum(-1)]) * w[:1]
+
+
+CASES = {f.__name__: f for f in (layer_norm, rms_norm, moments)}
+
+
+def same_bits(out, ref, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
+    bits = torch.int16 if out.element_size() == 2 else torch.int32
+    bad = out[~nan].view(bits) != ref[~nan].view(bits)
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ in bits"
+
+
+def run(fn, args, grad_out):
+    torch._dynamo.reset()
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = torch.compile(fn, backend="pypto")(*leaves)
+    out.backward(grad_out)
+    return [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+
+
+def inputs(cols, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = 12
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+    x = r(rows, cols) * 3 + 1  # an offset: the variance's two passes matter
+    mask = torch.rand(rows, cols, generator=g) < 0.5
+    return x, r(rows, cols), r(cols), r(cols), r(cols), mask
+
+
+@pytest.mark.parametrize("cols", [10, 17, 64, 300, 1100])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lane_loop_gives_the_same_bits(case, cols, sources, monkeypatch):
+    fn = CASES[case]
+    args = inputs(cols, torch.float32, seed=cols)
+    with torch.no_grad():
+        ref_out = fn(*args)
+    grad_out = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
+    off = run(fn, args, grad_out)
+    named = any("_s15 += " in s or "_s15 = PI_FMA" in s for s in sources)
+    sources.clear()
+    monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
+    on = run(fn, args, grad_out)
+    looped = any("_v[l] += " in s or "_v[l] = PI_FMA" in s for s in sources)
+    assert named == looped  # a kernel with the written-out order had it both ways
+    if cols >= 64:
+        assert looped
+    assert not any("_s15" in s for s in sources)
+    assert len(on) == len(off)
+    for k, (a, b) in enumerate(zip(on, off)):
+        same_bits(a, b, f"{case} {cols} columns, result {k}: LANE_LOOP on vs off")
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = fn(*leaves)
+    out.backward(grad_out)
+    eager = [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+    for a, b in zip(on, eager):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_lane_loop_half_types(dtype, monkeypatch):
+    """fp16 rows staged into float blocks, bf16 not: the same bits either way."""
+    args = inputs(300, dtype, seed=5)
+    grad_out = torch.randn(12, 300, generator=torch.Generator().manual_seed(2)).to(dtype)
+    monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
+    off = run(layer_norm, args, grad_out)
+    monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
+    on = run(layer_norm, args, grad_out)
+    for k, (a, b) in enumerate(zip(on, off)):
+        same_bits(a, b, f"{dtype} result {k}: LANE_LOOP on vs off")
