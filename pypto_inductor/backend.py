@@ -205,7 +205,9 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
     try:
         # AOTAutograd traces forward and backward here
         with python_decompositions_bypassed(), (
-                training_cache.cached_aot(config, hw) if training
+                training_cache.cached_aot(
+                    config, hw, key and not saving and training_cache.cache_key(key))
+                if training
                 else precompile.autograd_cache_unbundled()) as loaded:
             compiled = aot_autograd(**compilers, decompositions=decomposition_table(),
                                     keep_inference_input_mutations=True)(gm, example_inputs)

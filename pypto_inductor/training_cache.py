@@ -14,18 +14,21 @@ kernel cache).
 :func:`cached_aot` runs AOTAutograd with that mode on for a Dynamo graph that
 :func:`usable` accepts: grad on and an input requiring grad (a training graph), the
 graph_cache conditions (static shapes, no constants or modules on the graph), the cache
-not disabled. The key is AOTAutograd's (graph code, inputs' metadata, torch's configs)
-with our settings added through ``torch.compiler.config.cache_key_tag``
-(graph_cache.settings_tag: options, hardware model, pypto_inductor's sources and module
-settings). In this mode the backward compiles with the forward (AOTAutograd saves the
-entry when both exist); a graph whose compile ran eagerly or whose sizes are symbolic is
-not stored. ``PYPTO_INDUCTOR_GRAPH_CACHE=0`` turns this off with graph_cache.
+not disabled. The key is ours (:func:`cache_key`: graph_cache's key with functorch's
+config); inside torch's aot_compile, which keys its own way, AOTAutograd's, with our
+settings added through ``torch.compiler.config.cache_key_tag``. In this mode the backward
+compiles with the forward (AOTAutograd saves the entry when both exist); a graph whose
+compile ran eagerly or whose sizes are symbolic is not stored. ``PYPTO_INDUCTOR_GRAPH_CACHE=0`` turns this off with graph_cache.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
+from unittest import mock
 
 import torch
+import torch._functorch.config as functorch_config
+from torch._functorch._aot_autograd import autograd_cache
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 from torch._inductor.output_code import OutputCode
@@ -118,16 +121,32 @@ def output_codes(compilers: dict, config: Config) -> tuple[dict, list[GraphOutpu
 _loading: list[list[CompiledGraph]] = []
 
 
+def cache_key(graph_key: str) -> str:
+    """The entry's key: graph_cache's key of the Dynamo graph (its code and subgraphs',
+    inputs' metadata, grad mode, our settings, versions) with functorch's config and the
+    deterministic mode, before :func:`cached_aot` patches the config. torch's own key
+    (autograd_cache_key) would hash Inductor's state too (its backends' registration,
+    torch's sources): ~0.7 s of a cold and of a warm first call, none of it ours."""
+    h = hashlib.sha256(graph_key.encode())
+    h.update(repr(sorted(functorch_config.save_config_portable().items())).encode())
+    h.update(f"deterministic {torch.are_deterministic_algorithms_enabled()}".encode())
+    return f"{autograd_cache.AOTAUTOGRAD_CACHE_PREFIX}pypto{h.hexdigest()}"
+
+
 @contextlib.contextmanager
-def cached_aot(config: Config, hw):
-    """AOTAutograd's bundled cache on, keyed with our settings too, for one graph; yields
-    the list of CompiledGraphs rebuilt from an entry meanwhile (for the report)."""
+def cached_aot(config: Config, hw, key: str | None = None):
+    """AOTAutograd's bundled cache on for one graph, under ``key`` (:func:`cache_key`);
+    with None (inside aot_compile), torch's key with our settings in its tag. Yields the
+    list of CompiledGraphs rebuilt from an entry meanwhile (for the report)."""
     tag = torch.compiler.config.cache_key_tag
-    with torch._functorch.config.patch(bundled_autograd_cache=True,
-                                       force_non_lazy_backward_lowering=True,
-                                       strict_autograd_cache=False), \
+    keyed = mock.patch.object(autograd_cache, "autograd_cache_key",
+                              lambda *args, **kwargs: (key, [])) if key else \
+        contextlib.nullcontext()
+    with functorch_config.patch(bundled_autograd_cache=True,
+                                force_non_lazy_backward_lowering=True,
+                                strict_autograd_cache=False), \
             torch.compiler.config.patch(
-                cache_key_tag=f"{tag}|pypto {graph_cache.settings_tag(config, hw)}"):
+                cache_key_tag=f"{tag}|pypto {graph_cache.settings_tag(config, hw)}"), keyed:
         _loading.append([])
         try:
             yield _loading[-1]
