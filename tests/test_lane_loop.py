@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import emit_rows
+from same_bits import compiled_with_grads, same_bits
 
 
 def layer_norm(x, y, b, w, bias, mask):
@@ -29,23 +30,6 @@ def moments(x, y, b, w, bias, mask):
 
 
 CASES = {f.__name__: f for f in (layer_norm, rms_norm, moments)}
-
-
-def same_bits(out, ref, what):
-    assert out.dtype == ref.dtype and out.shape == ref.shape, what
-    nan = ref.isnan()
-    assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
-    bits = torch.int16 if out.element_size() == 2 else torch.int32
-    bad = out[~nan].view(bits) != ref[~nan].view(bits)
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ in bits"
-
-
-def run(fn, args, grad_out):
-    torch._dynamo.reset()
-    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
-    out = torch.compile(fn, backend="pypto")(*leaves)
-    out.backward(grad_out)
-    return [out.detach()] + [a.grad for a in leaves if a.grad is not None]
 
 
 def inputs(cols, dtype, seed):
@@ -68,11 +52,11 @@ def test_lane_loop_gives_the_same_bits(case, cols, sources, monkeypatch):
         ref_out = fn(*args)
     grad_out = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
-    off = run(fn, args, grad_out)
+    off = compiled_with_grads(fn, args, grad_out)
     named = any("_s15 += " in s or "_s15 = PI_FMA" in s for s in sources)
     sources.clear()
     monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
-    on = run(fn, args, grad_out)
+    on = compiled_with_grads(fn, args, grad_out)
     looped = any("_v[l] += " in s or "_v[l] = PI_FMA" in s for s in sources)
     assert named == looped  # a kernel with the written-out order had it both ways
     if cols >= 64:
@@ -95,8 +79,8 @@ def test_lane_loop_half_types(dtype, monkeypatch):
     args = inputs(300, dtype, seed=5)
     grad_out = torch.randn(12, 300, generator=torch.Generator().manual_seed(2)).to(dtype)
     monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
-    off = run(layer_norm, args, grad_out)
+    off = compiled_with_grads(layer_norm, args, grad_out)
     monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
-    on = run(layer_norm, args, grad_out)
+    on = compiled_with_grads(layer_norm, args, grad_out)
     for k, (a, b) in enumerate(zip(on, off)):
         same_bits(a, b, f"{dtype} result {k}: LANE_LOOP on vs off")

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import emit_rows
+from same_bits import compiled_with_grads, same_bits
 
 
 def _bias_residual_ln(x, y, b, w, bias):
@@ -39,23 +40,6 @@ CASES = {f.__name__.lstrip("_"): f for f in
          (_bias_residual_ln, _rms_norm, _softmax, _cross_entropy, _moments)}
 
 
-def _same(out, ref, what):
-    assert out.dtype == ref.dtype and out.shape == ref.shape, what
-    nan = ref.isnan()
-    assert torch.equal(out.isnan(), nan), f"{what}: NaN placement differs"
-    bits = torch.int16 if out.element_size() == 2 else torch.int32
-    bad = out[~nan].view(bits) != ref[~nan].view(bits)
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ in bits"
-
-
-def _run(fn, args, grad_out):
-    torch._dynamo.reset()
-    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
-    out = torch.compile(fn, backend="pypto")(*leaves)
-    out.backward(grad_out)
-    return [out.detach()] + [a.grad for a in leaves if a.grad is not None]
-
-
 def _inputs(case, cols, dtype, transposed, seed):
     g = torch.Generator().manual_seed(seed)
     rows = 12
@@ -78,14 +62,14 @@ def test_constant_row_bounds_give_the_same_bits(case, cols, transposed, sources,
         ref_out = fn(*args)
     grad_out = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", False)
-    off = _run(fn, args, grad_out)
+    off = compiled_with_grads(fn, args, grad_out)
     assert not any("constexpr int64_t s0" in s for s in sources)
     monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", True)
-    on = _run(fn, args, grad_out)
+    on = compiled_with_grads(fn, args, grad_out)
     assert any("constexpr int64_t s0" in s for s in sources)
     assert len(on) == len(off)
     for k, (a, b) in enumerate(zip(on, off)):
-        _same(a, b, f"{case} {cols} columns, result {k}: STATIC_BOUNDS on vs off")
+        same_bits(a, b, f"{case} {cols} columns, result {k}: STATIC_BOUNDS on vs off")
     # and eager's values
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
     out = fn(*leaves)
@@ -103,8 +87,8 @@ def test_constant_row_bounds_half_types(cols, dtype, monkeypatch):
     args = _inputs("bias_residual_ln", cols, dtype, False, seed=cols + 1)
     grad_out = torch.randn(12, cols, generator=torch.Generator().manual_seed(2)).to(dtype)
     monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", False)
-    off = _run(fn, args, grad_out)
+    off = compiled_with_grads(fn, args, grad_out)
     monkeypatch.setattr(emit_rows, "STATIC_BOUNDS", True)
-    on = _run(fn, args, grad_out)
+    on = compiled_with_grads(fn, args, grad_out)
     for k, (a, b) in enumerate(zip(on, off)):
-        _same(a, b, f"{dtype} {cols} columns, result {k}: STATIC_BOUNDS on vs off")
+        same_bits(a, b, f"{dtype} {cols} columns, result {k}: STATIC_BOUNDS on vs off")

@@ -135,33 +135,15 @@ class ColumnEmitter(RowEmitter):
         self.row_nodes(0)
         self.init(reds)
         self.sweep(reds, outs)
-        self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
-                        [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
-                         for x in reds if self.has_nan(x)])
+        self.store_parts(reds)
         self.end_items()
         self.work_items("W", split=False)
         self.row_nodes(0)
-        for x in reds:
-            self.declare(x)
-            acc = self.total(x)
-            lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
-            if self.has_nan(x):
-                lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
-            lines.append("for (int64_t q = 1; q < S; ++q) {")
-            if self.wide(x):
-                lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
-            else:
-                lines += ["  " + line for line in self.update(
-                    x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
-            lines.append("}")
-            self.block_loop(lines)
+        self.combine_parts(reds)
         self.finish(reds, 1)
         self.outputs()
         self.end_items()
-        for x in reds:
-            w(f"  std::free(part{x.id});")
-            if self.has_nan(x):
-                w(f"  std::free(pnan{x.id});")
+        self.free_parts(reds)
         w("}")
         return "\n".join(self.lines) + "\n"
 
@@ -212,28 +194,13 @@ class ColumnEmitter(RowEmitter):
             self.sweep(reds, [])
             if when:
                 w("    }")
-            self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
-                            [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
-                             for x in reds if self.has_nan(x)])
+            self.store_parts(reds)
             self.end_items()
             if stage in conditional:
                 w("  }")
             self.work_items("W", split=False)
             self.kept_values(stage)
-            for x in reds:
-                self.declare(x)
-                acc = self.total(x)
-                lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
-                if self.has_nan(x):
-                    lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
-                lines.append("for (int64_t q = 1; q < S; ++q) {")
-                if self.wide(x):
-                    lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
-                else:
-                    lines += ["  " + line for line in self.update(
-                        x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
-                lines.append("}")
-                self.block_loop(lines)
+            self.combine_parts(reds)
             self.finish(reds, stage)
             if stage + 1 in conditional:
                 nxt = self.reductions(stage + 1)
@@ -245,14 +212,40 @@ class ColumnEmitter(RowEmitter):
             else:
                 self.outputs()
             self.end_items()
-            for x in reds:
-                w(f"  std::free(part{x.id});")
-                if self.has_nan(x):
-                    w(f"  std::free(pnan{x.id});")
+            self.free_parts(reds)
         for x in kept:
             w(f"  std::free(kept{x.id});")
         for stage in sorted(conditional):
             w(f"  std::free(need{stage});")
+
+    def store_parts(self, reds) -> None:
+        """Each work item's partial totals (and NaN flags) to its slot of the part arrays."""
+        self.block_loop([f"part{x.id}[s * R + r0 + j] = {self.total(x)}[j];" for x in reds] +
+                        [f"pnan{x.id}[s * R + r0 + j] = nan{x.id}[j];"
+                         for x in reds if self.has_nan(x)])
+
+    def combine_parts(self, reds) -> None:
+        """The totals of a split reduction: its S work items' parts, in item order."""
+        for x in reds:
+            self.declare(x)
+            acc = self.total(x)
+            lines = [f"{acc}[j] = part{x.id}[r0 + j];"]
+            if self.has_nan(x):
+                lines.append(f"nan{x.id}[j] = pnan{x.id}[r0 + j];")
+            lines.append("for (int64_t q = 1; q < S; ++q) {")
+            if self.wide(x):
+                lines.append(f"  {acc}[j] += part{x.id}[q * R + r0 + j];")
+            else:
+                lines += ["  " + line for line in self.update(
+                    x, f"part{x.id}[q * R + r0 + j]", f"pnan{x.id}[q * R + r0 + j]")]
+            lines.append("}")
+            self.block_loop(lines)
+
+    def free_parts(self, reds) -> None:
+        for x in reds:
+            self.w(f"  std::free(part{x.id});")
+            if self.has_nan(x):
+                self.w(f"  std::free(pnan{x.id});")
 
     def kept_values(self, stage: int) -> None:
         """In a work item of pass ``stage`` (split_passes): the row values before it, the

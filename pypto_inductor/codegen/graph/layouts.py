@@ -124,13 +124,7 @@ def fix_extern(code, fixed: dict, outs, names, spec_of, step, last_read, at: int
         if s is None or last_read.get(s, -1) <= at or not isinstance(spec, TensorSpec) \
                 or any(is_symbolic(sympy.sympify(d)) for d in (*spec.shape, *spec.stride)):
             continue
-        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
-        strides = tuple(int(resolve_static(d)) for d in spec.stride)
-        fixed[s] = (sizes, strides, 0, spec.dtype)
-        code.bound.setdefault("relayout", relayout)
-        v = names[s]
-        lines += [f"    if {v}.stride() != {strides}:",
-                  f"        {v} = relayout({v}, {sizes}, {strides})"]
+        lines += _checked(code, fixed, s, spec, names[s])
     return lines
 
 
@@ -171,14 +165,19 @@ def fix_inputs(code, fixed: dict, graph, program, kernels, aliased, names, spec_
         if not ok[s] or s not in useful:
             continue
         spec = spec_of[s]
-        sizes = tuple(int(resolve_static(d)) for d in spec.shape)
-        strides = tuple(int(resolve_static(d)) for d in spec.stride)
-        fixed[s] = (sizes, strides, 0, spec.dtype)
-        code.bound.setdefault("relayout", relayout)
-        v = names[s]
-        lines += [f"    if {v}.stride() != {strides}:",
-                  f"        {v} = relayout({v}, {sizes}, {strides})"]
+        lines += _checked(code, fixed, s, spec, names[s])
     return lines
+
+
+def _checked(code, fixed: dict, s: int, spec, v: str) -> list[str]:
+    """Slot ``s`` known to have its traced static layout (``fixed``), and the lines that
+    make it so: a stride check, and a copy on a mismatch."""
+    sizes = tuple(int(resolve_static(d)) for d in spec.shape)
+    strides = tuple(int(resolve_static(d)) for d in spec.stride)
+    fixed[s] = (sizes, strides, 0, spec.dtype)
+    code.bound.setdefault("relayout", relayout)
+    return [f"    if {v}.stride() != {strides}:",
+            f"        {v} = relayout({v}, {sizes}, {strides})"]
 
 
 def relayout(t: torch.Tensor, sizes, strides) -> torch.Tensor:
