@@ -144,6 +144,9 @@ def _aot_step(model, kw, backend: str, train: bool) -> None:
         with open(path, "rb") as f:
             compiled = torch.compiler.load_compiled_function(f)
     else:
+        # fullgraph: transformers' warning_once (GPT-2's unset loss_type) would break it
+        from transformers.modeling_utils import logger
+        torch._dynamo.config.ignore_logging_functions.add(logger.warning_once.__func__)
         fn = torch.compile(_loss if train else _first_tensor, backend=backend,
                            fullgraph=True, options={"guard_filter_fn": _serializable_guards})
         compiled = fn.aot_compile(((model, kw), {}))
