@@ -53,7 +53,7 @@ def training_graph(gm, example_inputs, config: Config) -> bool:
 def usable(gm, example_inputs, config: Config) -> bool:
     """Whether this Dynamo graph's compile goes through AOTAutograd's cache."""
     return (graph_cache.enabled() and not torch.compiler.config.force_disable_caches
-            and torch._functorch.config.enable_autograd_cache
+            and functorch_config.enable_autograd_cache
             and training_graph(gm, example_inputs, config))
 
 
