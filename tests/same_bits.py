@@ -14,11 +14,16 @@ def same_bits(out, ref, what):
     assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ in bits"
 
 
-def compiled_with_grads(fn, args, grad_out):
-    """``fn`` compiled with backend="pypto" on copies of ``args``: its output and the
-    gradients of the floating-point arguments for ``grad_out``."""
-    torch._dynamo.reset()
+def with_grads(fn, args, grad_out):
+    """``fn`` on copies of ``args``: its output and the gradients of the floating-point
+    arguments for ``grad_out``."""
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
-    out = torch.compile(fn, backend="pypto")(*leaves)
+    out = fn(*leaves)
     out.backward(grad_out)
     return [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+
+
+def compiled_with_grads(fn, args, grad_out):
+    """:func:`with_grads` of ``fn`` compiled with backend="pypto" afresh."""
+    torch._dynamo.reset()
+    return with_grads(torch.compile(fn, backend="pypto"), args, grad_out)

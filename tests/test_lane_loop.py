@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import emit_rows
-from same_bits import compiled_with_grads, same_bits
+from same_bits import compiled_with_grads, same_bits, with_grads
 
 
 def layer_norm(x, y, b, w, bias, mask):
@@ -65,10 +65,7 @@ def test_lane_loop_gives_the_same_bits(case, cols, sources, monkeypatch):
     assert len(on) == len(off)
     for k, (a, b) in enumerate(zip(on, off)):
         same_bits(a, b, f"{case} {cols} columns, result {k}: LANE_LOOP on vs off")
-    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
-    out = fn(*leaves)
-    out.backward(grad_out)
-    eager = [out.detach()] + [a.grad for a in leaves if a.grad is not None]
+    eager = with_grads(fn, args, grad_out)
     for a, b in zip(on, eager):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
 

@@ -46,22 +46,28 @@ def _compiled(fn, args, threads):
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("fn", [_masked_bias, _add_broadcast, _int_where],
-                         ids=["masked_bias", "add_broadcast", "int_where"])
-def test_narrow_rows_taken_and_bit_exact(fn, sources, monkeypatch):
-    args = _inputs(fn, torch.Generator().manual_seed(18))
+def _loop_taken_and_bit_exact(switch, fn, args, sources, monkeypatch):
+    """emit_rows.<switch> off: no narrow loop; on: the narrow loop, at one and two threads;
+    each gives eager's values bit for bit, in eager's layout."""
     want = fn(*args)
-    monkeypatch.setattr(emit_rows, "NARROW_ROWS", False)
+    monkeypatch.setattr(emit_rows, switch, False)
     off = _compiled(fn, args, 1)
     assert sources and not any(NARROW_LOOP in s for s in sources)
     sources.clear()
-    monkeypatch.setattr(emit_rows, "NARROW_ROWS", True)
+    monkeypatch.setattr(emit_rows, switch, True)
     on = {nt: _compiled(fn, args, nt) for nt in (1, 2)}
     assert any(NARROW_LOOP in s for s in sources)
     torch.testing.assert_close(off, want, rtol=0, atol=0)
     for nt, out in on.items():
-        assert out.stride() == off.stride(), nt
+        assert out.stride() == want.stride(), nt
         torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"{nt} threads")
+
+
+@pytest.mark.parametrize("fn", [_masked_bias, _add_broadcast, _int_where],
+                         ids=["masked_bias", "add_broadcast", "int_where"])
+def test_narrow_rows_taken_and_bit_exact(fn, sources, monkeypatch):
+    args = _inputs(fn, torch.Generator().manual_seed(18))
+    _loop_taken_and_bit_exact("NARROW_ROWS", fn, args, sources, monkeypatch)
 
 
 def test_narrow_rows_not_taken_for_a_strided_column_read(sources, monkeypatch):
@@ -131,15 +137,4 @@ def test_wide_narrow_rows_for_channels_last_batchnorm(fn, channels, sources, mon
     else:
         grad = torch.randn(x.shape, generator=g).contiguous(memory_format=torch.channels_last)
         args = (x, *per_channel[:2], grad, *per_channel[2:4])
-    want = fn(*args)
-    monkeypatch.setattr(emit_rows, "NARROW_WIDE_ROWS", False)
-    off = _compiled(fn, args, 1)
-    assert sources and not any(NARROW_LOOP in s for s in sources)
-    sources.clear()
-    monkeypatch.setattr(emit_rows, "NARROW_WIDE_ROWS", True)
-    on = {nt: _compiled(fn, args, nt) for nt in (1, 2)}
-    assert any(NARROW_LOOP in s for s in sources)
-    torch.testing.assert_close(off, want, rtol=0, atol=0)
-    for nt, out in on.items():
-        assert out.stride() == want.stride(), nt
-        torch.testing.assert_close(out, want, rtol=0, atol=0, msg=f"{nt} threads")
+    _loop_taken_and_bit_exact("NARROW_WIDE_ROWS", fn, args, sources, monkeypatch)
