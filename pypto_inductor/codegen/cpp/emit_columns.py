@@ -452,7 +452,8 @@ class ColumnEmitter(RowEmitter):
             for k, _, _ in souts:
                 self.w(f"      alignas(64) float so{k}[{ROWS_PER_BLOCK}];")
             staged_outs = {k for k, _, _ in souts}
-            w("      #pragma omp simd")
+            if not self.fallback(path, True):  # the same bits: each j its own accumulators
+                w("      #pragma omp simd")
             w("      for (int64_t j = 0; j < nr; ++j) {")
             for x in deps:
                 self.define(x, "        ", col=True, path=path)

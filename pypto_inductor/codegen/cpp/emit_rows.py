@@ -100,6 +100,13 @@ SERIAL_COPY = True
 # (GPT-2's training forward graph library: LayerNorm row kernels of 400-550 lines). The
 # same loop runs per work item: the same bits. False: the two copies.
 ONE_BODY = True
+# The generic (strided) path beside a fast one is a fallback, run only when a call's strides
+# are not the traced ones (static layouts are guarded or fixed; k19c): its loops are plain
+# scalar loops, no `omp simd` (whose vectorised gathers were a third of a LayerNorm
+# kernel's g++ time). Its sums then add in column order (a different order than the
+# vector lanes', as close to eager's); its other loops compute the same bits. A kernel with
+# no fast path keeps its vectorised generic loops. False: vectorised fallbacks.
+COMPACT_FALLBACK = True
 # The fast path reads a column-broadcast input (stride 0: a LayerNorm's mean and rstd per
 # row) once per column loop, before it, not in every iteration: kept in the loop, GCC's PRE
 # reloads it in the latch (the stores may alias it) and the loop no longer vectorises,
@@ -658,6 +665,11 @@ class RowEmitter:
             self.w(f"    alignas(64) float sr{k}[{int(cols)}];")
             self.w(f"    if (fast) pi_ld_f16_n(in{p.accesses[k].input} + b{k}, sr{k}, C);")
 
+    @staticmethod
+    def fallback(path: str, has_fast: bool) -> bool:
+        """Whether ``path`` is a generic path written as COMPACT_FALLBACK's scalar loops."""
+        return COMPACT_FALLBACK and has_fast and path == "generic"
+
     def explicit_order(self, reductions) -> bool:
         """Whether the fast path adds ``reductions`` in an order written out here
         (vector_lanes, then a plain loop over the remaining columns), not in an ``omp simd``
@@ -730,7 +742,7 @@ class RowEmitter:
                 if path == "fast" and vec:
                     self.vector_lanes(reductions, deps, tail, lo, hi, nvec)
                     lo = f"{lo} + {nvec} * cv"  # the remaining columns, in order
-                else:
+                elif not self.fallback(path, has_fast):
                     self.w(self.pragma(reductions))
                 self.w(f"      for (int64_t c = {lo}; c < {hi}; ++c) {{")
                 if path == "generic" and self.p.m > 1:
@@ -981,9 +993,9 @@ class RowEmitter:
         deps = self.col_deps([x.args[0]])
         for path in (["fast", "generic"] if has_fast else ["generic"]):
             w("    if (fast) {" if path == "fast" else "    else {" if has_fast else "    {")
+            simd = "" if self.fallback(path, has_fast) else "      #pragma omp simd\n"
             for head, col, lane in (
-                    (f"      for (int64_t cb = c0; cb < cg{i}; cb += {n}) {{\n"
-                     "      #pragma omp simd\n"
+                    (f"      for (int64_t cb = c0; cb < cg{i}; cb += {n}) {{\n{simd}"
                      f"      for (int64_t l = 0; l < {n}; ++l) {{\n"
                      "        const int64_t c = cb + l;", "      }", "l"),
                     (f"      for (int64_t c = cg{i}; c < c1; ++c) {{", "", f"c - cg{i}")):
