@@ -1,7 +1,8 @@
 """A one-thread call of a row kernel runs a serial copy of its loop over work items, outside
 the OpenMP region (emit_rows.SERIAL_COPY): the same bits as the ``omp parallel for`` loop at
 one and two threads, eager's values (RMSNorm forward and backward, a residual add + LayerNorm,
-a strided input), and no OpenMP region at all in a tile too small to run in parallel."""
+a strided input), and no OpenMP region at all in a tile too small to run in parallel.
+The loops are checked as two copies (emit_rows.ONE_BODY off; test_one_body: on)."""
 from __future__ import annotations
 
 import pytest
@@ -49,6 +50,7 @@ def test_serial_copy_same_bits_and_eager_values(fn, transposed, sources, monkeyp
         torch.randn(rows, cols, generator=g)
     args = (x * 2 + 0.5, torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g))
     grad_out = torch.randn(rows, cols, generator=g)
+    monkeypatch.setattr(emit_rows, "ONE_BODY", False)
     monkeypatch.setattr(emit_rows, "SERIAL_COPY", False)
     off = {nt: _run(fn, args, grad_out, nt) for nt in (1, 2)}
     assert not any("} else {\n  for (int64_t wi" in s for s in sources)
@@ -99,6 +101,7 @@ def test_column_reduction_serial_copy(shape, sources, monkeypatch):
                 return torch.compile(f, backend="pypto")(x)
         finally:
             torch.set_num_threads(old)
+    monkeypatch.setattr(emit_rows, "ONE_BODY", False)
     monkeypatch.setattr(emit_rows, "SERIAL_COPY", False)
     off = {nt: run(nt) for nt in (1, 2)}
     sources.clear()

@@ -11,12 +11,10 @@ is emitted beside a generic strided path.
 """
 from __future__ import annotations
 
-import re
-
 import sympy
 import torch
 
-from . import column_order
+from . import column_order, work_items
 from .indexing import gather_address, index_prologue, iota
 from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression, finalize,
                   identity, literal, load, mark_contractions, number, size, store, sum_update)
@@ -94,11 +92,11 @@ UNROLL_TRIPS = 8
 # docs/benchmarks.md, k16t). A tile whose rows x columns are a constant under
 # PARALLEL_MIN has only the serial loop (no second copy to compile).
 SERIAL_COPY = True
-# ... both loops written once: the loop over work items is a lambda over a range of them
-# (not inlined), which the serial branch calls on all work items and each thread of the
-# parallel one on its part. The kernel's code was the body twice; g++'s time is code volume
-# (GPT-2's training forward graph library: LayerNorm row kernels of 400-550 lines). The
-# same loop runs per work item: the same bits. False: the two copies.
+# ... both loops written once (work_items.py): the loop over work items is a lambda over a
+# range of them (not inlined), which the serial branch calls on all work items and each
+# thread of the parallel one on its part. The kernel's code was the body twice; g++'s time
+# is code volume (GPT-2's training forward graph library: LayerNorm row kernels of 400-550
+# lines). The same loop runs per work item: the same bits. False: the two copies.
 ONE_BODY = True
 # The generic (strided) path beside a fast one is a fallback, run only when a call's strides
 # are not the traced ones (static layouts are guarded or fixed; k19c): its loops are plain
@@ -420,17 +418,8 @@ class RowEmitter:
         if not ONE_BODY:
             self.lines += [f"  if ({condition}) {{", pragma, *loop, "  } else {", *loop, "  }"]
             return
-        m = re.fullmatch(r"(\s*)for \(int64_t (\w+) = 0; \2 < (.+); \+\+\2\) \{", loop[0])
-        assert m and m.group(3) == count, loop[0]
-        v = m.group(2)
-        self.lines += [
-            "  {",  # a scope: a kernel may have several such loops (emit_columns' passes)
-            "  auto pi_items = [&](int64_t pi_w0, int64_t pi_w1) __attribute__((noinline)) {",
-            f"{m.group(1)}for (int64_t {v} = pi_w0; {v} < pi_w1; ++{v}) {{", *loop[1:], "  };",
-            f"  if ({condition}) {{", pragma,
-            "  for (int64_t pi_k = 0; pi_k < nt; ++pi_k)",
-            f"    pi_items({count} * pi_k / nt, {count} * (pi_k + 1) / nt);",
-            f"  }} else {{\n    pi_items(0, {count});\n  }}", "  }"]
+        head = max(i for i, line in enumerate(self.lines) if line.startswith('extern "C"'))
+        self.lines += work_items.one_body(self.lines[head:], loop, count, condition, pragma)
 
     @property
     def static(self) -> bool:
