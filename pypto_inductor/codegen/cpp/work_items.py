@@ -97,6 +97,10 @@ def one_body(before: list[str], loop: list[str], count: str, condition: str,
         "  {",  # a scope: a kernel may have several such loops (emit_columns' passes)
         "  auto pi_items = [&](int64_t pi_w0, int64_t pi_w1) __attribute__((noinline)) {",
         *local_copies(before, loop),
+        # the range lies in [0, count), as the loop's did: GCC still derives a row's indices
+        # from wi without the divisions and products per row (a pointwise RMSNorm part, 512
+        # x 64, one thread: 1.99 -> 1.89 us a call, the serial copy's 1.92)
+        f"  if (pi_w0 < 0 || pi_w1 > {count}) __builtin_unreachable();",
         f"{m.group(1)}for (int64_t {v} = pi_w0; {v} < pi_w1; ++{v}) {{", *loop[1:],
         "  }",  # the copies' block
         "  };",
