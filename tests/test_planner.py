@@ -471,3 +471,76 @@ def test_closure_search_pruned_by_topological_order_plans_the_same(name, monkeyp
     pruned = [signature(g) for g in graphs]
     monkeypatch.setattr(planner.Planner, "topological", lambda self, succ, pred: None)
     assert [signature(g) for g in graphs] == pruned
+
+
+def _transformer_training_graphs():
+    """The forward and backward TileGraphs of a small transformer block (static sizes)."""
+    from pypto_inductor.report import collect
+
+    torch.manual_seed(0)
+    model = models.TransformerBlock(dim=32, heads=2, hidden=64)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    with collect() as graphs:
+        out = torch.compile(model, backend="pypto")(x)
+        (g,) = torch.autograd.grad(out.square().sum(), [x])
+    (ref,) = torch.autograd.grad(model(x).square().sum(), [x])
+    torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+    return [gr.plan.graph for gr in graphs if gr.plan is not None]
+
+
+def test_group_edges_follow_every_merge(monkeypatch):
+    """merge() contracts the merged groups in the group edges it keeps (not rebuilt per
+    greedy iteration): after every merge they are the edges rebuilt from the ops."""
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import planner
+    from pypto_inductor.hardware import get_hardware
+
+    merges = []
+    merge = planner.Planner.merge
+
+    def checked(self, gids):
+        merge(self, gids)
+        assert self.group_edges() == self.rebuilt_group_edges()
+        merges.append(gids)
+
+    monkeypatch.setattr(planner.Planner, "merge", checked)
+    for graph in _transformer_training_graphs():
+        planner.plan_fusion(graph, get_hardware("host"), parse_options({}))
+    assert len(merges) > 5
+
+
+@pytest.mark.parametrize("hardware", ["host", "ascend-a2"])
+def test_tiles_sized_without_sympy(hardware, monkeypatch):
+    """plan_tile sizes a tile in plain integers (planning GPT-2's step sizes ~1000
+    candidate tiles, each substitution in sympy ~0.5 ms): no sympy substitution on static
+    sizes, and each kept tile's bytes are its footprint expression at its tile shape
+    (ascend-a2: per-op footprints and a largest-buffer limit)."""
+    import sys
+
+    import sympy
+
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import capacity, planner
+    from pypto_inductor.hardware import get_hardware
+
+    graphs = _transformer_training_graphs()
+    subs = []
+    real_subs = sympy.Basic.subs
+
+    def counted(self, *args, **kwargs):  # called by our code (sympy's Max calls it itself)
+        if "pypto_inductor" in sys._getframe(1).f_code.co_filename:
+            subs.append(self)
+        return real_subs(self, *args, **kwargs)
+
+    monkeypatch.setattr(sympy.Basic, "subs", counted)
+    plans = [planner.plan_fusion(g, get_hardware(hardware), parse_options({})) for g in graphs]
+    monkeypatch.undo()
+    assert subs == []
+    tiles = [t for plan in plans for t in plan.tiles]
+    assert any(t.kind is OpKind.MATMUL for t in tiles) and len(tiles) > 5
+    for t in tiles:
+        names = ((capacity.TILE_M, capacity.TILE_N, capacity.TILE_K)
+                 if len(t.tile_shape) == 3 else (capacity.TILE_ROWS, capacity.TILE_COLS))
+        at = dict(zip(names, t.tile_shape))
+        assert t.footprint_expr.free_symbols <= set(names), t.footprint_expr
+        assert int(t.footprint_expr.subs(at)) == t.footprint_bytes, (t.name, t.footprint_expr)

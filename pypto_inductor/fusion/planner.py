@@ -142,7 +142,17 @@ class Planner:
         self._tile_cache: dict[tuple, TilePlan] = {}
         self._eval_cache: dict[tuple, tuple] = {}
         self.version: dict[int, int] = {}  # bumped when a group's members change
-        self._topo = None  # (succ, topological index) of the last group_edges()
+        # The greedy loop asks these of every candidate in every iteration (planning GPT-2's
+        # step: ~16000 candidates over ~160 merges), so they are kept per group and updated
+        # by merge() rather than recomputed: which nodes are fusable, each group's first op
+        # (its place in graph order), whether it is views only and the op that keeps it out
+        # of kernels (None: fusable), and the edges between groups.
+        self._fusable = {id(n) for n in graph.nodes if self.fusable(n)}
+        self._first = {g: self.order[id(ms[0])] for g, ms in self.members.items()}
+        self._kind: dict[int, tuple[bool, Node | None]] = {}  # group -> (view_only, blocker)
+        self._succ, self._pred = self.rebuilt_group_edges()
+        self._merges = 0  # merges so far: the version of the group edges
+        self._topo = None  # (self._merges, topological index of the groups then)
 
     # --- group helpers -------------------------------------------------------------
     def fusable(self, node: Node) -> bool:
@@ -153,7 +163,18 @@ class Planner:
             or (node.op == "cat" and self.hw.cat_in_kernels))
 
     def view_only(self, gid: int) -> bool:
-        return all(op.is_view for op in self.members[gid])
+        return self._group_kind(gid)[0]
+
+    def _group_kind(self, gid: int) -> tuple[bool, Node | None]:
+        """(whether the group is views only, its first op that cannot join a kernel or
+        None), cached until the group changes."""
+        kind = self._kind.get(gid)
+        if kind is None:
+            ms = self.members[gid]
+            blocker = next((n for n in ms if id(n) not in self._fusable), None)
+            views = all(isinstance(op, TileOp) and op.is_view for op in ms)
+            kind = self._kind[gid] = (views, blocker)
+        return kind
 
     def ops(self, gid: int) -> list[TileOp]:
         return self.members[gid]
@@ -189,7 +210,11 @@ class Planner:
         return bool(users)
 
     def group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-        """(successors, predecessors) of every group."""
+        """(successors, predecessors) of every group, as merge() keeps them: read only."""
+        return self._succ, self._pred
+
+    def rebuilt_group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """group_edges() computed anew from the op edges."""
         succ: dict[int, set[int]] = {g: set() for g in self.members}
         pred: dict[int, set[int]] = {g: set() for g in self.members}
         for p, c in self.edges:
@@ -213,9 +238,9 @@ class Planner:
         return seen
 
     def topological(self, succ, pred) -> dict[int, int] | None:
-        """A topological index of the groups of this (succ, pred), computed once per pair
+        """A topological index of the groups of this (succ, pred), computed once per merge
         (the greedy loop's iteration); None if the groups are not acyclic."""
-        if self._topo is not None and self._topo[0] is succ:
+        if self._topo is not None and self._topo[0] == self._merges:
             return self._topo[1]
         indeg = {g: len(pred[g]) for g in succ}
         ready = [g for g, d in indeg.items() if d == 0]
@@ -228,7 +253,7 @@ class Planner:
                 if indeg[n] == 0:
                     ready.append(n)
         topo = index if len(index) == len(succ) else None
-        self._topo = (succ, topo)
+        self._topo = (self._merges, topo)
         return topo
 
     def closure(self, gids: list[int], succ, pred) -> list[int] | str:
@@ -244,14 +269,14 @@ class Planner:
             lo, hi = min(topo[g] for g in inside), max(topo[g] for g in inside)
             between = (self._reach(inside, succ, lambda g: topo[g] < hi)
                        & self._reach(inside, pred, lambda g: topo[g] > lo))
-        for g in between:
-            blocker = next((n for n in self.members[g] if not self.fusable(n)), None)
-            if blocker is not None:
-                name = blocker.op_name if isinstance(blocker, ExternOp) else blocker.op
-                return f"merging would create a cycle through {blocker.name} ({name}), which cannot join a kernel"
+        blocked = [g for g in between if self._group_kind(g)[1] is not None]
+        if blocked:  # the first in graph order
+            blocker = self._group_kind(min(blocked, key=self._first.__getitem__))[1]
+            name = blocker.op_name if isinstance(blocker, ExternOp) else blocker.op
+            return f"merging would create a cycle through {blocker.name} ({name}), which cannot join a kernel"
         if len(inside | between) > MAX_GROUPS_PER_MERGE:
             return f"merging would pull {len(inside | between)} kernels into one (limit {MAX_GROUPS_PER_MERGE})"
-        return sorted(inside | between, key=lambda g: min(self.order[id(n)] for n in self.members[g]))
+        return sorted(inside | between, key=self._first.__getitem__)
 
     def candidate(self, p: Node, c: Node) -> list[int] | None:
         """Groups a producer -> consumer edge would merge, producer first.
@@ -259,14 +284,15 @@ class Planner:
         A standalone reshape between them is absorbed with them: on its own it
         gains nothing, but it must not stop its producer and consumer fusing.
         """
-        if not (self.fusable(p) and self.fusable(c)) or self.view_only(self.group_of[id(c)]):
+        if id(p) not in self._fusable or id(c) not in self._fusable \
+                or self.view_only(self.group_of[id(c)]):
             return None
         gids = [self.group_of[id(c)]]
         node = p
         while self.view_only(self.group_of[id(node)]):
             gids.append(self.group_of[id(node)])
             node = self.producers.get(node.args[0])
-            if node is None or not self.fusable(node):
+            if node is None or id(node) not in self._fusable:
                 return None
         gids.append(self.group_of[id(node)])
         gids = list(dict.fromkeys(reversed(gids)))
@@ -514,11 +540,26 @@ class Planner:
         target = gids[-1]
         merged = sorted((n for g in gids for n in self.members[g]), key=lambda n: self.order[id(n)])
         for g in gids[:-1]:
-            del self.members[g]
+            del self.members[g], self._first[g]
         self.version[target] = self.version.get(target, 0) + 1
         self.members[target] = merged
         for node in merged:
             self.group_of[id(node)] = target
+        self._first[target] = self.order[id(merged[0])]
+        for g in gids:
+            self._kind.pop(g, None)
+        # the group edges with the merged groups contracted into the target
+        gone, succ, pred = set(gids), self._succ, self._pred
+        after = set().union(*(succ.pop(g) for g in gids)) - gone
+        before = set().union(*(pred.pop(g) for g in gids)) - gone
+        for g in after:
+            pred[g] -= gone
+            pred[g].add(target)
+        for g in before:
+            succ[g] -= gone
+            succ[g].add(target)
+        succ[target], pred[target] = after, before
+        self._merges += 1
 
     def unfused_decisions(self) -> list[Decision]:
         succ, pred = self.group_edges()
