@@ -259,16 +259,19 @@ class Planner:
     def closure(self, gids: list[int], succ, pred) -> list[int] | str:
         """The groups to merge so the result stays acyclic: ``gids`` plus every group
         on a path between two of them; or the reason that is impossible. A group on such
-        a path lies between them in topological order, so both searches stop outside
-        that range (planning GPT-2: the searches were half the planner's time)."""
+        a path lies before the last of them in topological order, so the forward search
+        stops there, and the backward one stays among the groups the forward one found
+        (planning GPT-2: the searches were half the planner's time)."""
         inside = set(gids)
         topo = self.topological(succ, pred)
         if topo is None:
             between = self._reach(inside, succ) & self._reach(inside, pred)
         else:
-            lo, hi = min(topo[g] for g in inside), max(topo[g] for g in inside)
-            between = (self._reach(inside, succ, lambda g: topo[g] < hi)
-                       & self._reach(inside, pred, lambda g: topo[g] > lo))
+            hi = max(topo[g] for g in inside)
+            after = self._reach(inside, succ, lambda g: topo[g] < hi)
+            # those of them that reach back: a path from one of them to ``inside`` runs
+            # through such groups only, so that search stays among them
+            between = self._reach(inside, pred, after.__contains__) if after else after
         blocked = [g for g in between if self._group_kind(g)[1] is not None]
         if blocked:  # the first in graph order
             blocker = self._group_kind(min(blocked, key=self._first.__getitem__))[1]
