@@ -544,3 +544,50 @@ def test_tiles_sized_without_sympy(hardware, monkeypatch):
         at = dict(zip(names, t.tile_shape))
         assert t.footprint_expr.free_symbols <= set(names), t.footprint_expr
         assert int(t.footprint_expr.subs(at)) == t.footprint_bytes, (t.name, t.footprint_expr)
+
+
+def _resnet_training_graphs():
+    """The forward and backward TileGraphs of the zoo's ResNet training step."""
+    from pypto_inductor import zoo
+    from pypto_inductor.report import collect
+
+    model = zoo.build("resnet").train()
+    batch = zoo.batch("resnet", seed=3)
+    with collect() as graphs:
+        torch.compile(model, backend="pypto")(**batch)["loss"].backward()
+    return [gr.plan.graph for gr in graphs if gr.plan is not None]
+
+
+def test_incremental_greedy_loop_plans_the_same(monkeypatch):
+    """The greedy loop re-evaluating only the candidates a merge can change, closures from
+    reach.GroupReach's bitsets (planner.INCREMENTAL): the same decisions, reasons and
+    kernels as evaluating every candidate after every merge with searched closures; and
+    after every merge the bitsets hold exactly the groups the searches reach."""
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import planner
+    from pypto_inductor.hardware import get_hardware
+
+    config, hw = parse_options({}), get_hardware("host")
+    merge = planner.Planner.merge
+    checked = []
+
+    def merge_and_check(self, gids):
+        merge(self, gids)
+        if self.reach is not None:
+            succ, pred = self.group_edges()
+            for g in succ:
+                assert set(planner.bit_members(self.reach.desc[g])) == self._reach({g}, succ)
+                assert set(planner.bit_members(self.reach.anc[g])) == self._reach({g}, pred)
+            checked.append(len(gids))
+
+    def signature(graph):
+        plan = planner.plan_fusion(graph, hw, config)
+        return ([(d.producer, d.consumer, d.fused, d.reason) for d in plan.decisions],
+                [[op.name for op in t.ops] for t in plan.tiles])
+
+    graphs = _transformer_training_graphs() + _resnet_training_graphs()
+    monkeypatch.setattr(planner.Planner, "merge", merge_and_check)
+    incremental = [signature(g) for g in graphs]
+    assert checked and any(n > 2 for n in checked)  # merges of views and closures included
+    monkeypatch.setattr(planner, "INCREMENTAL", False)
+    assert [signature(g) for g in graphs] == incremental

@@ -23,6 +23,7 @@ from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp, gemm_bias_add
 from ..lowering.indexing import STANDALONE_OPS
+from .reach import GroupReach, bits, members as bit_members
 from .capacity import (TilePlan, cat_part_ops, domains_compatible, group_domain, plan_tile,
                        pointwise_outputs, sums_over_rows)
 from .roi import CostModel, RoiEstimate
@@ -30,6 +31,10 @@ from .roi import CostModel, RoiEstimate
 _HALF = (torch.float16, torch.bfloat16)
 MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
 MAX_SIBLINGS = 8  # readers of one value considered pairwise
+# The greedy loop re-evaluates only the candidates a merge can have changed, with closures
+# from reach.GroupReach's bitsets (Planner._incremental_best); off: every candidate is
+# evaluated again after each merge, closures searched (the same decisions, for A/B)
+INCREMENTAL = True
 # Producers of cat parts computed per part in the cat's kernel (False: as before, for A/Bs)
 CAT_PARTS = True
 # Column sums (bias / norm-weight gradients) computed by the row kernel over the same rows,
@@ -153,6 +158,7 @@ class Planner:
         self._succ, self._pred = self.rebuilt_group_edges()
         self._merges = 0  # merges so far: the version of the group edges
         self._topo = None  # (self._merges, topological index of the groups then)
+        self.reach: GroupReach | None = None  # while run() keeps it (INCREMENTAL)
 
     # --- group helpers -------------------------------------------------------------
     def fusable(self, node: Node) -> bool:
@@ -263,8 +269,10 @@ class Planner:
         stops there, and the backward one stays among the groups the forward one found
         (planning GPT-2: the searches were half the planner's time)."""
         inside = set(gids)
-        topo = self.topological(succ, pred)
-        if topo is None:
+        topo = None if self.reach is not None else self.topological(succ, pred)
+        if self.reach is not None:
+            between = set(bit_members(self.reach.between(gids)))
+        elif topo is None:
             between = self._reach(inside, succ) & self._reach(inside, pred)
         else:
             hi = max(topo[g] for g in inside)
@@ -281,19 +289,25 @@ class Planner:
             return f"merging would pull {len(inside | between)} kernels into one (limit {MAX_GROUPS_PER_MERGE})"
         return sorted(inside | between, key=self._first.__getitem__)
 
-    def candidate(self, p: Node, c: Node) -> list[int] | None:
-        """Groups a producer -> consumer edge would merge, producer first.
+    def candidate(self, p: Node, c: Node, seen: list[int] | None = None) -> list[int] | None:
+        """Groups a producer -> consumer edge would merge, producer first; ``seen``, when
+        given, gets the groups the answer depends on.
 
         A standalone reshape between them is absorbed with them: on its own it
         gains nothing, but it must not stop its producer and consumer fusing.
         """
-        if id(p) not in self._fusable or id(c) not in self._fusable \
-                or self.view_only(self.group_of[id(c)]):
+        if id(p) not in self._fusable or id(c) not in self._fusable:
             return None
         gids = [self.group_of[id(c)]]
+        if seen is not None:
+            seen.append(gids[0])
+        if self.view_only(gids[0]):
+            return None
         node = p
         while self.view_only(self.group_of[id(node)]):
             gids.append(self.group_of[id(node)])
+            if seen is not None:
+                seen.append(gids[-1])
             node = self.producers.get(node.args[0])
             if node is None or id(node) not in self._fusable:
                 return None
@@ -514,14 +528,21 @@ class Planner:
     def run(self) -> list[Decision]:
         decisions: list[Decision] = []
         threshold = self.threshold
+        topo = self.topological(*self.group_edges()) \
+            if INCREMENTAL and self.config.fusion else None
+        if topo is not None:
+            self.reach = GroupReach(self._succ, topo)
+            best_merge = self._incremental_best()
+            best = best_merge(None)
         while self.config.fusion:
-            succ, pred = self.group_edges()
-            best = None
-            for p, c, gids in self.candidates():
-                why, roi, closed = self.evaluate(gids, succ, pred)
-                if why is None and roi.roi_score >= threshold:
-                    if best is None or roi.saving_us > best[3].saving_us:
-                        best = (p, c, closed, roi, len(closed) - len(gids))
+            if topo is None:
+                succ, pred = self.group_edges()
+                best = None
+                for p, c, gids in self.candidates():
+                    why, roi, closed = self.evaluate(gids, succ, pred)
+                    if why is None and roi.roi_score >= threshold:
+                        if best is None or roi.saving_us > best[3].saving_us:
+                            best = (p, c, closed, roi, len(closed) - len(gids))
             if best is None:
                 break
             p, c, closed, roi, extra = best
@@ -537,7 +558,60 @@ class Planner:
                            f"{self.cost.column_partial_bytes(sums)} B of column partials)")
             decisions.append(Decision(p.name, c.name, True, reason, roi))
             self.merge(closed)
+            if topo is not None:
+                best = best_merge(closed)
         return decisions + self.unfused_decisions()
+
+    def _incremental_best(self):
+        """The greedy loop's choice kept up to date across merges: ``best(merged)`` (None
+        the first time, then the groups just merged) gives what scanning every candidate
+        would, (producer, consumer, closure, roi, extra groups) or None. Each candidate's
+        evaluation is kept with the groups it depends on (those it names, its closure, and
+        for an edge the groups its search passed) and redone only when a merge took one of
+        them or joined a group upstream of one of its groups to one downstream (a new path
+        between them can change the closure): the same answers, the same order."""
+        slots = [(p, c, False) for p, c in self.edges] + [
+            (a, b, True) for readers in self.siblings
+            for a, b in itertools.combinations(readers, 2)]
+        state: list[tuple] = [()] * len(slots)  # (deps bits, gids bits, best entry or None)
+        succ, pred = self.group_edges()
+        threshold = self.threshold
+
+        def refresh(i: int) -> None:
+            p, c, sibling = slots[i]
+            seen: list[int] = []
+            if sibling:
+                seen = [self.group_of[id(p)], self.group_of[id(c)]]
+                gids = seen if seen[0] != seen[1] else None
+            else:
+                gids = self.candidate(p, c, seen)
+            if gids is None:
+                state[i] = (bits(seen), 0, None)
+                return
+            why, roi, closed = self.evaluate(gids, succ, pred)
+            deps = bits(seen) | bits(gids) | self.reach.between(gids)
+            entry = None
+            if why is None and roi.roi_score >= threshold:
+                entry = (p, c, closed, roi, len(closed) - len(gids))
+            state[i] = (deps, bits(gids), entry)
+
+        def best(merged: list[int] | None):
+            if merged is None:
+                dirty = range(len(slots))
+            else:
+                gone, target = bits(merged), merged[-1]
+                up, down = self.reach.anc[target], self.reach.desc[target]
+                dirty = [i for i, (deps, gb, _) in enumerate(state)
+                         if deps & gone or (gb & up and gb & down)]
+            for i in dirty:
+                refresh(i)
+            chosen = None
+            for _, _, entry in state:
+                if entry is not None and (chosen is None
+                                          or entry[3].saving_us > chosen[3].saving_us):
+                    chosen = entry
+            return chosen
+        return best
 
     def merge(self, gids: list[int]) -> None:
         target = gids[-1]
@@ -563,6 +637,8 @@ class Planner:
             succ[g].add(target)
         succ[target], pred[target] = after, before
         self._merges += 1
+        if self.reach is not None:
+            self.reach.merge(gids, target)
 
     def unfused_decisions(self) -> list[Decision]:
         succ, pred = self.group_edges()
