@@ -471,3 +471,123 @@ def test_closure_search_pruned_by_topological_order_plans_the_same(name, monkeyp
     pruned = [signature(g) for g in graphs]
     monkeypatch.setattr(planner.Planner, "topological", lambda self, succ, pred: None)
     assert [signature(g) for g in graphs] == pruned
+
+
+def _transformer_training_graphs():
+    """The forward and backward TileGraphs of a small transformer block (static sizes)."""
+    from pypto_inductor.report import collect
+
+    torch.manual_seed(0)
+    model = models.TransformerBlock(dim=32, heads=2, hidden=64)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    with collect() as graphs:
+        out = torch.compile(model, backend="pypto")(x)
+        (g,) = torch.autograd.grad(out.square().sum(), [x])
+    (ref,) = torch.autograd.grad(model(x).square().sum(), [x])
+    torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+    return [gr.plan.graph for gr in graphs if gr.plan is not None]
+
+
+def test_group_edges_follow_every_merge(monkeypatch):
+    """merge() contracts the merged groups in the group edges it keeps (not rebuilt per
+    greedy iteration): after every merge they are the edges rebuilt from the ops."""
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import planner
+    from pypto_inductor.hardware import get_hardware
+
+    merges = []
+    merge = planner.Planner.merge
+
+    def checked(self, gids):
+        merge(self, gids)
+        assert self.group_edges() == self.rebuilt_group_edges()
+        merges.append(gids)
+
+    monkeypatch.setattr(planner.Planner, "merge", checked)
+    for graph in _transformer_training_graphs():
+        planner.plan_fusion(graph, get_hardware("host"), parse_options({}))
+    assert len(merges) > 5
+
+
+@pytest.mark.parametrize("hardware", ["host", "ascend-a2"])
+def test_tiles_sized_without_sympy(hardware, monkeypatch):
+    """plan_tile sizes a tile in plain integers (planning GPT-2's step sizes ~1000
+    candidate tiles, each substitution in sympy ~0.5 ms): no sympy substitution on static
+    sizes, and each kept tile's bytes are its footprint expression at its tile shape
+    (ascend-a2: per-op footprints and a largest-buffer limit)."""
+    import sys
+
+    import sympy
+
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import capacity, planner
+    from pypto_inductor.hardware import get_hardware
+
+    graphs = _transformer_training_graphs()
+    subs = []
+    real_subs = sympy.Basic.subs
+
+    def counted(self, *args, **kwargs):  # called by our code (sympy's Max calls it itself)
+        if "pypto_inductor" in sys._getframe(1).f_code.co_filename:
+            subs.append(self)
+        return real_subs(self, *args, **kwargs)
+
+    monkeypatch.setattr(sympy.Basic, "subs", counted)
+    plans = [planner.plan_fusion(g, get_hardware(hardware), parse_options({})) for g in graphs]
+    monkeypatch.undo()
+    assert subs == []
+    tiles = [t for plan in plans for t in plan.tiles]
+    assert any(t.kind is OpKind.MATMUL for t in tiles) and len(tiles) > 5
+    for t in tiles:
+        names = ((capacity.TILE_M, capacity.TILE_N, capacity.TILE_K)
+                 if len(t.tile_shape) == 3 else (capacity.TILE_ROWS, capacity.TILE_COLS))
+        at = dict(zip(names, t.tile_shape))
+        assert t.footprint_expr.free_symbols <= set(names), t.footprint_expr
+        assert int(t.footprint_expr.subs(at)) == t.footprint_bytes, (t.name, t.footprint_expr)
+
+
+def _resnet_training_graphs():
+    """The forward and backward TileGraphs of the zoo's ResNet training step."""
+    from pypto_inductor import zoo
+    from pypto_inductor.report import collect
+
+    model = zoo.build("resnet").train()
+    batch = zoo.batch("resnet", seed=3)
+    with collect() as graphs:
+        torch.compile(model, backend="pypto")(**batch)["loss"].backward()
+    return [gr.plan.graph for gr in graphs if gr.plan is not None]
+
+
+def test_incremental_greedy_loop_plans_the_same(monkeypatch):
+    """The greedy loop re-evaluating only the candidates a merge can change, closures from
+    reach.GroupReach's bitsets (planner.INCREMENTAL): the same decisions, reasons and
+    kernels as evaluating every candidate after every merge with searched closures; and
+    after every merge the bitsets hold exactly the groups the searches reach."""
+    from pypto_inductor.config import parse_options
+    from pypto_inductor.fusion import planner
+    from pypto_inductor.hardware import get_hardware
+
+    config, hw = parse_options({}), get_hardware("host")
+    merge = planner.Planner.merge
+    checked = []
+
+    def merge_and_check(self, gids):
+        merge(self, gids)
+        if self.reach is not None:
+            succ, pred = self.group_edges()
+            for g in succ:
+                assert set(planner.bit_members(self.reach.desc[g])) == self._reach({g}, succ)
+                assert set(planner.bit_members(self.reach.anc[g])) == self._reach({g}, pred)
+            checked.append(len(gids))
+
+    def signature(graph):
+        plan = planner.plan_fusion(graph, hw, config)
+        return ([(d.producer, d.consumer, d.fused, d.reason) for d in plan.decisions],
+                [[op.name for op in t.ops] for t in plan.tiles])
+
+    graphs = _transformer_training_graphs() + _resnet_training_graphs()
+    monkeypatch.setattr(planner.Planner, "merge", merge_and_check)
+    incremental = [signature(g) for g in graphs]
+    assert checked and any(n > 2 for n in checked)  # merges of views and closures included
+    monkeypatch.setattr(planner, "INCREMENTAL", False)
+    assert [signature(g) for g in graphs] == incremental

@@ -14,6 +14,8 @@ use (tm, tn, tk) tiles against the cube buffer (L1).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Callable
 
 import sympy
 import torch
@@ -271,24 +273,45 @@ def _fmt(d: Domain) -> str:
 @dataclasses.dataclass(frozen=True)
 class TilePlan:
     tile_shape: tuple[int, ...]
-    footprint_expr: sympy.Expr  # over TILE_* symbols (and size symbols)
     footprint_bytes: int  # at the chosen tile and example sizes
     capacity_bytes: int
     fits: bool
+    # builds footprint_expr: the planner sizes ~1000 candidate tiles of a GPT-2 step and
+    # keeps ~100, and only those kept show the sympy expression (kernel listing, report)
+    expr_of: Callable[[], sympy.Expr] = dataclasses.field(repr=False, compare=False)
+
+    @functools.cached_property
+    def footprint_expr(self) -> sympy.Expr:
+        """The footprint in bytes over the TILE_* symbols."""
+        return self.expr_of()
+
+
+# what one (rows x cols) tile of a domain touches of a value: rows x cols, rows or cols
+_ROWS_COLS, _ROWS, _COLS = "rows x cols", "rows", "cols"
+_ELEMS_EXPR = {_ROWS_COLS: TILE_ROWS * TILE_COLS, _ROWS: TILE_ROWS, _COLS: TILE_COLS}
+
+
+def _tile_extent(spec: TensorSpec, domain: Domain) -> str:
+    """Which elements of ``spec`` one (rows x cols) tile of ``domain`` touches."""
+    full = domain.numel * domain.rnumel
+    if spec.numel == full:
+        return _ROWS_COLS
+    if domain.kind == "row" and spec.numel == domain.numel:
+        return _ROWS
+    if domain.kind == "reduce" and spec.shape in domain.reduced_shapes():
+        return _ROWS
+    if spec.shape and spec.shape[-1] == 1:
+        return _ROWS  # a per-row operand, e.g. [B, S, 1]
+    return _COLS  # a per-column operand, e.g. a bias [H]
 
 
 def _tile_elems(spec: TensorSpec, domain: Domain) -> sympy.Expr:
     """Elements of ``spec`` that one (rows x cols) tile of ``domain`` touches."""
-    full = domain.numel * domain.rnumel
-    if spec.numel == full:
-        return TILE_ROWS * TILE_COLS
-    if domain.kind == "row" and spec.numel == domain.numel:
-        return TILE_ROWS
-    if domain.kind == "reduce" and spec.shape in domain.reduced_shapes():
-        return TILE_ROWS
-    if spec.shape and spec.shape[-1] == 1:
-        return TILE_ROWS  # a per-row operand, e.g. [B, S, 1]
-    return TILE_COLS  # a per-column operand, e.g. a bias [H]
+    return _ELEMS_EXPR[_tile_extent(spec, domain)]
+
+
+def _elems(extent: str, rows: int, cols: int) -> int:
+    return rows * cols if extent == _ROWS_COLS else rows if extent == _ROWS else cols
 
 
 def _buffers(ops: list[TileOp], graph: TileGraph) -> list[TensorSpec]:
@@ -305,9 +328,9 @@ def _compute_itemsize(spec: TensorSpec) -> int:
     return max(spec.itemsize, 4) if spec.dtype.is_floating_point else spec.itemsize
 
 
-def _footprint_exprs(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int,
-                     domain: Domain) -> tuple[sympy.Expr, sympy.Expr | None]:
-    """(footprint, largest single tile buffer or None) over TILE_ROWS/TILE_COLS.
+def _footprint_expr(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int,
+                    domain: Domain) -> sympy.Expr:
+    """The footprint over TILE_ROWS/TILE_COLS.
 
     The footprint follows ``hw.footprint_model``: "all_live" is buffering x every
     live tile buffer; "per_op" is the largest operand + result working set of one op
@@ -319,15 +342,37 @@ def _footprint_exprs(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buf
             names = list(dict.fromkeys(op.inputs + [op.name]))
             sets.append(sum(_compute_itemsize(graph.specs[n]) * _tile_elems(graph.specs[n], domain)
                             for n in names))
-        expr = sympy.Max(*sets) if len(sets) > 1 else sets[0]
+        return sympy.Max(*sets) if len(sets) > 1 else sets[0]
+    return buffering * sum(spec.itemsize * _tile_elems(spec, domain)
+                           for spec in _buffers(ops, graph))
+
+
+def _footprint_functions(ops: list[TileOp], graph: TileGraph, hw: HardwareModel,
+                         buffering: int, domain: Domain):
+    """(footprint, largest single tile buffer or None) as functions of (rows, cols) ->
+    bytes: :func:`_footprint_expr`'s integer sums (and maxima) without sympy per tile
+    shape tried; the largest buffer where ``hw.max_tile_buffer_fraction`` limits it."""
+    names = list(dict.fromkeys(n for op in ops for n in op.inputs + [op.name]))  # _buffers'
+    extent = {n: _tile_extent(graph.specs[n], domain) for n in names}
+    buffers = [(graph.specs[n], extent[n]) for n in names]
+    if hw.footprint_model == "per_op":
+        sets = [[(_compute_itemsize(graph.specs[n]), extent[n])
+                 for n in dict.fromkeys(op.inputs + [op.name])] for op in ops]
+
+        def footprint(rows: int, cols: int) -> int:
+            return max(sum(size * _elems(e, rows, cols) for size, e in terms) for terms in sets)
     else:
-        expr = buffering * sum(spec.itemsize * _tile_elems(spec, domain)
-                               for spec in _buffers(ops, graph))
+        terms = [(spec.itemsize, e) for spec, e in buffers]
+
+        def footprint(rows: int, cols: int) -> int:
+            return buffering * sum(size * _elems(e, rows, cols) for size, e in terms)
     largest = None
     if hw.max_tile_buffer_fraction is not None:
-        bufs = [_compute_itemsize(spec) * _tile_elems(spec, domain) for spec in _buffers(ops, graph)]
-        largest = sympy.Max(*bufs) if len(bufs) > 1 else bufs[0]
-    return expr, largest
+        bufs = [(_compute_itemsize(spec), e) for spec, e in buffers]
+
+        def largest(rows: int, cols: int) -> int:
+            return max(size * _elems(e, rows, cols) for size, e in bufs)
+    return footprint, largest
 
 
 def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering: int) -> TilePlan:
@@ -344,7 +389,7 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
     if domain.matmul:
         return _plan_cube_tile(ops, graph, hw, buffering, domain)
     capacity = hw.vector_capacity_bytes
-    expr, largest_expr = _footprint_exprs(ops, graph, hw, buffering, domain)
+    at_tile, largest = _footprint_functions(ops, graph, hw, buffering, domain)
     buffer_cap = (None if hw.max_tile_buffer_fraction is None
                   else int(hw.max_tile_buffer_fraction * capacity))
     if domain.kind == "row":
@@ -358,8 +403,6 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
     if domain.kind == "pointwise":
         cols = min(cols, _MAX_POINTWISE_COLS)
     total = graph.hint(domain.numel * domain.rnumel)
-    hinted = expr.subs(graph.size_hints)
-    largest = largest_expr.subs(graph.size_hints) if largest_expr is not None else None
     item = max((_compute_itemsize(s) for s in _buffers(ops, graph)), default=4)
     align = max(hw.tile_col_align_bytes // item, 1)
 
@@ -373,9 +416,8 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
         cols = aligned(min(cols, max(hw.preferred_max_tile_cols, per_buffer // domain_rows)))
 
     def measure(rows: int, c: int) -> tuple[int, bool]:
-        at = {TILE_ROWS: rows, TILE_COLS: c}
-        footprint = int(hinted.subs(at))
-        ok = footprint <= capacity and (largest is None or int(largest.subs(at)) <= buffer_cap)
+        footprint = at_tile(rows, c)
+        ok = footprint <= capacity and (largest is None or largest(rows, c) <= buffer_cap)
         return footprint, ok
 
     def choose_rows(c: int) -> tuple[int, int, bool]:
@@ -400,7 +442,9 @@ def plan_tile(ops: list[TileOp], graph: TileGraph, hw: HardwareModel, buffering:
         while not ok and cols > 1:
             cols //= 2
             footprint, ok = measure(rows, cols)
-    return TilePlan((rows, cols), expr, footprint, capacity, ok)
+    ops = list(ops)
+    return TilePlan((rows, cols), footprint, capacity, ok,
+                    lambda: _footprint_expr(ops, graph, hw, buffering, domain))
 
 
 def _plan_cube_tile(ops, graph, hw, buffering, domain) -> TilePlan:
@@ -411,16 +455,19 @@ def _plan_cube_tile(ops, graph, hw, buffering, domain) -> TilePlan:
         # The cube buffer holds the operand tiles and the accumulator; the epilogue
         # runs op by op on the vector unit, in its own buffer (UB on Ascend).
         epilogue = []
-    expr = (buffering * itemsize * (TILE_M * TILE_K + TILE_K * TILE_N)
-            + TILE_M * TILE_N * 4  # fp32 accumulator
-            + buffering * TILE_M * TILE_N * sum(s.itemsize for s in epilogue))
+    epilogue_bytes = sum(s.itemsize for s in epilogue)
+
+    def expr() -> sympy.Expr:
+        return (buffering * itemsize * (TILE_M * TILE_K + TILE_K * TILE_N)
+                + TILE_M * TILE_N * 4  # fp32 accumulator
+                + buffering * TILE_M * TILE_N * epilogue_bytes)
     capacity = hw.cube_capacity_bytes
     a_shape = graph.specs[matmul.args[0]].shape
     m, n, k = (graph.hint(a_shape[-2]), graph.hint(domain.shape[-1]), graph.hint(a_shape[-1]))
-    hinted = expr.subs(graph.size_hints)
     for tm, tn, tk in _CUBE_CHOICES:
         tm, tn, tk = min(tm, m), min(tn, n), min(tk, k)  # never larger than the problem
-        footprint = int(hinted.subs({TILE_M: tm, TILE_N: tn, TILE_K: tk}))
+        footprint = (buffering * itemsize * (tm * tk + tk * tn) + tm * tn * 4
+                     + buffering * tm * tn * epilogue_bytes)
         if footprint <= capacity:
             break
-    return TilePlan((tm, tn, tk), expr, footprint, capacity, footprint <= capacity)
+    return TilePlan((tm, tn, tk), footprint, capacity, footprint <= capacity, expr)

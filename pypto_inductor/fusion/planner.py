@@ -23,6 +23,7 @@ from ..config import Config
 from ..hardware import HardwareModel
 from ..ir import ExternOp, FusionTile, Node, OpKind, TileGraph, TileOp, gemm_bias_add
 from ..lowering.indexing import STANDALONE_OPS
+from .reach import GroupReach, bits, members as bit_members
 from .capacity import (TilePlan, cat_part_ops, domains_compatible, group_domain, plan_tile,
                        pointwise_outputs, sums_over_rows)
 from .roi import CostModel, RoiEstimate
@@ -30,6 +31,10 @@ from .roi import CostModel, RoiEstimate
 _HALF = (torch.float16, torch.bfloat16)
 MAX_GROUPS_PER_MERGE = 12  # bounds how much one merge may pull into a kernel
 MAX_SIBLINGS = 8  # readers of one value considered pairwise
+# The greedy loop re-evaluates only the candidates a merge can have changed, with closures
+# from reach.GroupReach's bitsets (Planner._incremental_best); off: every candidate is
+# evaluated again after each merge, closures searched (the same decisions, for A/B)
+INCREMENTAL = True
 # Producers of cat parts computed per part in the cat's kernel (False: as before, for A/Bs)
 CAT_PARTS = True
 # Column sums (bias / norm-weight gradients) computed by the row kernel over the same rows,
@@ -142,7 +147,18 @@ class Planner:
         self._tile_cache: dict[tuple, TilePlan] = {}
         self._eval_cache: dict[tuple, tuple] = {}
         self.version: dict[int, int] = {}  # bumped when a group's members change
-        self._topo = None  # (succ, topological index) of the last group_edges()
+        # The greedy loop asks these of every candidate in every iteration (planning GPT-2's
+        # step: ~16000 candidates over ~160 merges), so they are kept per group and updated
+        # by merge() rather than recomputed: which nodes are fusable, each group's first op
+        # (its place in graph order), whether it is views only and the op that keeps it out
+        # of kernels (None: fusable), and the edges between groups.
+        self._fusable = {id(n) for n in graph.nodes if self.fusable(n)}
+        self._first = {g: self.order[id(ms[0])] for g, ms in self.members.items()}
+        self._kind: dict[int, tuple[bool, Node | None]] = {}  # group -> (view_only, blocker)
+        self._succ, self._pred = self.rebuilt_group_edges()
+        self._merges = 0  # merges so far: the version of the group edges
+        self._topo = None  # (self._merges, topological index of the groups then)
+        self.reach: GroupReach | None = None  # while run() keeps it (INCREMENTAL)
 
     # --- group helpers -------------------------------------------------------------
     def fusable(self, node: Node) -> bool:
@@ -153,7 +169,18 @@ class Planner:
             or (node.op == "cat" and self.hw.cat_in_kernels))
 
     def view_only(self, gid: int) -> bool:
-        return all(op.is_view for op in self.members[gid])
+        return self._group_kind(gid)[0]
+
+    def _group_kind(self, gid: int) -> tuple[bool, Node | None]:
+        """(whether the group is views only, its first op that cannot join a kernel or
+        None), cached until the group changes."""
+        kind = self._kind.get(gid)
+        if kind is None:
+            ms = self.members[gid]
+            blocker = next((n for n in ms if id(n) not in self._fusable), None)
+            views = all(isinstance(op, TileOp) and op.is_view for op in ms)
+            kind = self._kind[gid] = (views, blocker)
+        return kind
 
     def ops(self, gid: int) -> list[TileOp]:
         return self.members[gid]
@@ -189,7 +216,11 @@ class Planner:
         return bool(users)
 
     def group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-        """(successors, predecessors) of every group."""
+        """(successors, predecessors) of every group, as merge() keeps them: read only."""
+        return self._succ, self._pred
+
+    def rebuilt_group_edges(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """group_edges() computed anew from the op edges."""
         succ: dict[int, set[int]] = {g: set() for g in self.members}
         pred: dict[int, set[int]] = {g: set() for g in self.members}
         for p, c in self.edges:
@@ -213,9 +244,9 @@ class Planner:
         return seen
 
     def topological(self, succ, pred) -> dict[int, int] | None:
-        """A topological index of the groups of this (succ, pred), computed once per pair
+        """A topological index of the groups of this (succ, pred), computed once per merge
         (the greedy loop's iteration); None if the groups are not acyclic."""
-        if self._topo is not None and self._topo[0] is succ:
+        if self._topo is not None and self._topo[0] == self._merges:
             return self._topo[1]
         indeg = {g: len(pred[g]) for g in succ}
         ready = [g for g, d in indeg.items() if d == 0]
@@ -228,45 +259,57 @@ class Planner:
                 if indeg[n] == 0:
                     ready.append(n)
         topo = index if len(index) == len(succ) else None
-        self._topo = (succ, topo)
+        self._topo = (self._merges, topo)
         return topo
 
     def closure(self, gids: list[int], succ, pred) -> list[int] | str:
         """The groups to merge so the result stays acyclic: ``gids`` plus every group
         on a path between two of them; or the reason that is impossible. A group on such
-        a path lies between them in topological order, so both searches stop outside
-        that range (planning GPT-2: the searches were half the planner's time)."""
+        a path lies before the last of them in topological order, so the forward search
+        stops there, and the backward one stays among the groups the forward one found
+        (planning GPT-2: the searches were half the planner's time)."""
         inside = set(gids)
-        topo = self.topological(succ, pred)
-        if topo is None:
+        topo = None if self.reach is not None else self.topological(succ, pred)
+        if self.reach is not None:
+            between = set(bit_members(self.reach.between(gids)))
+        elif topo is None:
             between = self._reach(inside, succ) & self._reach(inside, pred)
         else:
-            lo, hi = min(topo[g] for g in inside), max(topo[g] for g in inside)
-            between = (self._reach(inside, succ, lambda g: topo[g] < hi)
-                       & self._reach(inside, pred, lambda g: topo[g] > lo))
-        for g in between:
-            blocker = next((n for n in self.members[g] if not self.fusable(n)), None)
-            if blocker is not None:
-                name = blocker.op_name if isinstance(blocker, ExternOp) else blocker.op
-                return f"merging would create a cycle through {blocker.name} ({name}), which cannot join a kernel"
+            hi = max(topo[g] for g in inside)
+            after = self._reach(inside, succ, lambda g: topo[g] < hi)
+            # those of them that reach back: a path from one of them to ``inside`` runs
+            # through such groups only, so that search stays among them
+            between = self._reach(inside, pred, after.__contains__) if after else after
+        blocked = [g for g in between if self._group_kind(g)[1] is not None]
+        if blocked:  # the first in graph order
+            blocker = self._group_kind(min(blocked, key=self._first.__getitem__))[1]
+            name = blocker.op_name if isinstance(blocker, ExternOp) else blocker.op
+            return f"merging would create a cycle through {blocker.name} ({name}), which cannot join a kernel"
         if len(inside | between) > MAX_GROUPS_PER_MERGE:
             return f"merging would pull {len(inside | between)} kernels into one (limit {MAX_GROUPS_PER_MERGE})"
-        return sorted(inside | between, key=lambda g: min(self.order[id(n)] for n in self.members[g]))
+        return sorted(inside | between, key=self._first.__getitem__)
 
-    def candidate(self, p: Node, c: Node) -> list[int] | None:
-        """Groups a producer -> consumer edge would merge, producer first.
+    def candidate(self, p: Node, c: Node, seen: list[int] | None = None) -> list[int] | None:
+        """Groups a producer -> consumer edge would merge, producer first; ``seen``, when
+        given, gets the groups the answer depends on.
 
         A standalone reshape between them is absorbed with them: on its own it
         gains nothing, but it must not stop its producer and consumer fusing.
         """
-        if not (self.fusable(p) and self.fusable(c)) or self.view_only(self.group_of[id(c)]):
+        if id(p) not in self._fusable or id(c) not in self._fusable:
             return None
         gids = [self.group_of[id(c)]]
+        if seen is not None:
+            seen.append(gids[0])
+        if self.view_only(gids[0]):
+            return None
         node = p
         while self.view_only(self.group_of[id(node)]):
             gids.append(self.group_of[id(node)])
+            if seen is not None:
+                seen.append(gids[-1])
             node = self.producers.get(node.args[0])
-            if node is None or not self.fusable(node):
+            if node is None or id(node) not in self._fusable:
                 return None
         gids.append(self.group_of[id(node)])
         gids = list(dict.fromkeys(reversed(gids)))
@@ -485,14 +528,21 @@ class Planner:
     def run(self) -> list[Decision]:
         decisions: list[Decision] = []
         threshold = self.threshold
+        topo = self.topological(*self.group_edges()) \
+            if INCREMENTAL and self.config.fusion else None
+        if topo is not None:
+            self.reach = GroupReach(self._succ, topo)
+            best_merge = self._incremental_best()
+            best = best_merge(None)
         while self.config.fusion:
-            succ, pred = self.group_edges()
-            best = None
-            for p, c, gids in self.candidates():
-                why, roi, closed = self.evaluate(gids, succ, pred)
-                if why is None and roi.roi_score >= threshold:
-                    if best is None or roi.saving_us > best[3].saving_us:
-                        best = (p, c, closed, roi, len(closed) - len(gids))
+            if topo is None:
+                succ, pred = self.group_edges()
+                best = None
+                for p, c, gids in self.candidates():
+                    why, roi, closed = self.evaluate(gids, succ, pred)
+                    if why is None and roi.roi_score >= threshold:
+                        if best is None or roi.saving_us > best[3].saving_us:
+                            best = (p, c, closed, roi, len(closed) - len(gids))
             if best is None:
                 break
             p, c, closed, roi, extra = best
@@ -508,17 +558,87 @@ class Planner:
                            f"{self.cost.column_partial_bytes(sums)} B of column partials)")
             decisions.append(Decision(p.name, c.name, True, reason, roi))
             self.merge(closed)
+            if topo is not None:
+                best = best_merge(closed)
         return decisions + self.unfused_decisions()
+
+    def _incremental_best(self):
+        """The greedy loop's choice kept up to date across merges: ``best(merged)`` (None
+        the first time, then the groups just merged) gives what scanning every candidate
+        would, (producer, consumer, closure, roi, extra groups) or None. Each candidate's
+        evaluation is kept with the groups it depends on (those it names, its closure, and
+        for an edge the groups its search passed) and redone only when a merge took one of
+        them or joined a group upstream of one of its groups to one downstream (a new path
+        between them can change the closure): the same answers, the same order."""
+        slots = [(p, c, False) for p, c in self.edges] + [
+            (a, b, True) for readers in self.siblings
+            for a, b in itertools.combinations(readers, 2)]
+        state: list[tuple] = [()] * len(slots)  # (deps bits, gids bits, best entry or None)
+        succ, pred = self.group_edges()
+        threshold = self.threshold
+
+        def refresh(i: int) -> None:
+            p, c, sibling = slots[i]
+            seen: list[int] = []
+            if sibling:
+                seen = [self.group_of[id(p)], self.group_of[id(c)]]
+                gids = seen if seen[0] != seen[1] else None
+            else:
+                gids = self.candidate(p, c, seen)
+            if gids is None:
+                state[i] = (bits(seen), 0, None)
+                return
+            why, roi, closed = self.evaluate(gids, succ, pred)
+            deps = bits(seen) | bits(gids) | self.reach.between(gids)
+            entry = None
+            if why is None and roi.roi_score >= threshold:
+                entry = (p, c, closed, roi, len(closed) - len(gids))
+            state[i] = (deps, bits(gids), entry)
+
+        def best(merged: list[int] | None):
+            if merged is None:
+                dirty = range(len(slots))
+            else:
+                gone, target = bits(merged), merged[-1]
+                up, down = self.reach.anc[target], self.reach.desc[target]
+                dirty = [i for i, (deps, gb, _) in enumerate(state)
+                         if deps & gone or (gb & up and gb & down)]
+            for i in dirty:
+                refresh(i)
+            chosen = None
+            for _, _, entry in state:
+                if entry is not None and (chosen is None
+                                          or entry[3].saving_us > chosen[3].saving_us):
+                    chosen = entry
+            return chosen
+        return best
 
     def merge(self, gids: list[int]) -> None:
         target = gids[-1]
         merged = sorted((n for g in gids for n in self.members[g]), key=lambda n: self.order[id(n)])
         for g in gids[:-1]:
-            del self.members[g]
+            del self.members[g], self._first[g]
         self.version[target] = self.version.get(target, 0) + 1
         self.members[target] = merged
         for node in merged:
             self.group_of[id(node)] = target
+        self._first[target] = self.order[id(merged[0])]
+        for g in gids:
+            self._kind.pop(g, None)
+        # the group edges with the merged groups contracted into the target
+        gone, succ, pred = set(gids), self._succ, self._pred
+        after = set().union(*(succ.pop(g) for g in gids)) - gone
+        before = set().union(*(pred.pop(g) for g in gids)) - gone
+        for g in after:
+            pred[g] -= gone
+            pred[g].add(target)
+        for g in before:
+            succ[g] -= gone
+            succ[g].add(target)
+        succ[target], pred[target] = after, before
+        self._merges += 1
+        if self.reach is not None:
+            self.reach.merge(gids, target)
 
     def unfused_decisions(self) -> list[Decision]:
         succ, pred = self.group_edges()
