@@ -157,6 +157,10 @@ def fix_inputs(code, fixed: dict, graph, program, kernels, aliased, names, spec_
         elif launch is not None:
             if not getattr(launch, "gemm", False):
                 useful |= reads
+            for wr in getattr(launch, "writes", {}).values():  # written: not only read
+                r = seen.get(ins[wr.input], ins[wr.input])
+                if r < n_in:
+                    ok[r] = False
         elif not (kind == "extern" and fresh_results(step)):
             for r in reads:
                 ok[r] = False
