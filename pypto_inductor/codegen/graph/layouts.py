@@ -191,7 +191,8 @@ def relayout(t: torch.Tensor, sizes, strides) -> torch.Tensor:
 
 def fix_wrapped(fixed: dict, outs, kernel, spec_of) -> None:
     """fix_outputs for a native kernel called through its wrapper (launcher.wrapper_source:
-    one writing into an input, BatchNorm's running statistics): each static output but
+    one writing into an input, BatchNorm's running statistics, with launcher.INLINE_WRITES
+    off; any without the extension): each static output but
     those written into an input is the wrapper's fresh contiguous ``empty``."""
     program = getattr(kernel, "program", None)
     if kernel is None or kernel.launch is not None or not kernel.native \
