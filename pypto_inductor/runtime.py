@@ -182,7 +182,9 @@ class CompiledGraph:
             outs = self._define(step.outputs)
             if self.pool is not None and kernel.takes_allocator \
                     and not (kernel.launch is None and self._small_outputs(step)):
-                self.pooled.update(s for s in outs if s is not None)
+                writes = getattr(kernel.program, "writes", None) or {}  # outputs: inputs
+                self.pooled.update(s for j, s in enumerate(outs) if s is not None
+                                   and j not in writes)
                 # a kernel whose output is returned allocates afresh: taking a pooled
                 # buffer there would hand it to the caller and leave a later kernel a miss;
                 # unless each returned output is small and static (the generated code then

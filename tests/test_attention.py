@@ -112,7 +112,10 @@ def _run(fn, inputs, grad: bool, autocast: bool = False, options=None):
 
 def _decisions(reports):
     d = FusionReport(reports).to_dict()
-    fused = [x for g in d["graphs"] for x in g["decisions"] if "attention" in x["reason"]]
+    # the attention rewrite's decisions ("attention -> ...", "attention left unfused: ..."),
+    # not the planner's naming the SDPA extern in a cycle
+    fused = [x for g in d["graphs"] for x in g["decisions"]
+             if x["reason"].startswith("attention")]
     eager_ops = {k: v for g in d["graphs"] for k, v in g["fallback_ops"].items()}
     return fused, eager_ops
 

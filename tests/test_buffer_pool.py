@@ -11,6 +11,7 @@ import torch
 from pypto_inductor import models
 from pypto_inductor.codegen.graph import buffers
 from pypto_inductor.codegen.cpp import alloc as host_alloc
+from pypto_inductor.codegen.cpp import launcher
 from pypto_inductor.report import collect
 
 
@@ -293,6 +294,8 @@ def test_batchnorm_backward_takes_its_input_grad_from_the_pool(on, allocations, 
         for g, w in zip(grads, want_grads):
             torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3)
     # fresh buffers per step: the returned ones (saved activations, input-sized grads)
-    # only; the BatchNorm backward's input grads come from the pool
-    expected = {True: 5, False: 6}
-    assert per_step == expected[on], per_step
+    # only; the BatchNorm backward's input grads come from the pool. (The running-stats
+    # kernels' small outputs: the wrapper's, one per BatchNorm, unless they are inline:
+    # launcher.INLINE_WRITES, then the generated code's empty_strided, not counted here.)
+    expected = {True: 5, False: 6}[on] - (2 if launcher.INLINE_WRITES else 0)
+    assert per_step == expected, per_step

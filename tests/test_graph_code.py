@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.graph import layouts
+from pypto_inductor.lowering import matmul as matmul_lowering
 from pypto_inductor.report import collect
 
 
@@ -99,9 +100,11 @@ def two_outputs(x, w, b):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("case", ["pooler", "ffn_residual", "two_outputs"])
-def test_gemm_epilogues_are_inline_in_the_graph_code(case, dynamic):
+def test_gemm_epilogues_are_inline_in_the_graph_code(case, dynamic, monkeypatch):
     # matmul.EpilogueCall: the GEMM call, then the epilogue kernel's launch, written into
-    # the graph's code (no call of the tile's Python wrapper, "kernN(")
+    # the graph's code (no call of the tile's Python wrapper, "kernN("); GEMM tiles even
+    # where tiny (lowering.matmul.TINY_GEMMS would make them a multiply and a sum)
+    monkeypatch.setattr(matmul_lowering, "TINY_GEMMS", False)
     if case == "pooler":
         fn, make = pooler, lambda b: (torch.randn(b, 9, 16), torch.randn(16, 16),
                                       torch.randn(16), torch.randn(3, 16), torch.randn(3))
@@ -311,7 +314,8 @@ def _train_sources(fn, *inputs):
     return {r.name.split("_", 1)[1]: r.compiled.source for r in reports if r.compiled is not None}
 
 
-def test_linear_cross_entropy_step_graph_code():
+def test_linear_cross_entropy_step_graph_code(monkeypatch):
+    monkeypatch.setattr(matmul_lowering, "TINY_GEMMS", False)  # GEMM tiles, as above
     # layouts.SAVED_REINTERPRET: the forward's saved reshape of the logits to their own shape
     # is the logits themselves (no view call, no detach by AOTAutograd); matmul.MM_2D: the
     # weight gradient's GEMM is torch.mm, a fresh product whose transpose of a transpose

@@ -23,6 +23,8 @@ FP32 = {"atol": 1e-5, "rtol": 1e-4}  # two layers of reordered fp32 sums
 # AdamW normalises each update to about lr (1e-3): a gradient that differs by rounding moves a
 # parameter by a small fraction of that; a wrong update moves it by lr.
 AFTER_ADAMW = {"atol": 1e-4, "rtol": 1e-4}
+NOISE_GRAD = 1e-8  # a gradient of at most this at every step is zero but for rounding ...
+AFTER_NOISE = {"atol": 2 * 3 * 1e-3, "rtol": 0}  # ... so 3 AdamW steps move it at most 3 lr
 # Under bf16 autocast each op rounds to bf16 in eager; fused kernels keep fp32 between ops,
 # so values differ by a few bf16 ulps per op; gradients are compared against their scale.
 BF16 = {"atol": 2e-2, "rtol": 4e-2}
@@ -133,6 +135,7 @@ def test_training_three_adamw_steps_match_eager(name, quiet):
     compiled = torch.compile(model, backend="pypto")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3)
+    noise = {n for n, _ in ref_model.named_parameters()}  # zero gradients but for rounding
     with collect() as graphs:
         for step in range(3):
             batch = zoo.batch(name, seed=10 + step)
@@ -143,11 +146,15 @@ def test_training_three_adamw_steps_match_eager(name, quiet):
             torch.testing.assert_close(loss, ref_loss, **FP32,
                                        msg=lambda m: f"step {step} loss: {m}")
             assert_grads_close(model, ref_model, FP32, when=f"step {step}: ")
+            noise -= {n for n, r in ref_model.named_parameters()
+                      if r.grad is None or r.grad.abs().max() > NOISE_GRAD}
             for o in (opt, ref_opt):
                 o.step()
                 o.zero_grad()
     for (pname, p), r in zip(model.state_dict().items(), ref_model.state_dict().values()):
-        torch.testing.assert_close(p, r, **AFTER_ADAMW,
+        # AdamW turns a gradient of pure rounding noise (an attention key's bias: softmax
+        # ignores it, ~1e-10) into updates of about lr whatever its value: the bound then
+        torch.testing.assert_close(p, r, **(AFTER_NOISE if pname in noise else AFTER_ADAMW),
                                    msg=lambda m: f"{pname} after 3 steps: {m}")
     assert_compiled_whole(graphs, {"forward", "backward"})
 

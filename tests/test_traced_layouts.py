@@ -11,15 +11,19 @@ import pytest
 import torch
 
 from conv_blocks import ConvBnPoolBlock, loss_and_grads
+from pypto_inductor.codegen.cpp import launcher
 from pypto_inductor.codegen.graph import layouts
 from pypto_inductor.report import collect
 
 
+@pytest.mark.parametrize("inline_writes", [True, False])
 @pytest.mark.parametrize("on", [True, False])
-def test_conv_outputs_and_saved_inputs_need_no_view_calls(on, monkeypatch):
+def test_conv_outputs_and_saved_inputs_need_no_view_calls(on, inline_writes, monkeypatch):
     # a ResNet stem's training step: the convolutions' channels-last outputs, read by the
     # BatchNorm kernels through an NHWC permute, the backward's saved activations, and
-    # BatchNorm's rsqrt from the kernel updating its running variance (WRAPPED_LAYOUTS)
+    # BatchNorm's rsqrt from the kernel updating its running variance (WRAPPED_LAYOUTS
+    # when that kernel goes through its wrapper: launcher.INLINE_WRITES off)
+    monkeypatch.setattr(launcher, "INLINE_WRITES", inline_writes)
     monkeypatch.setattr(layouts, "EXTERN_LAYOUTS", on)
     monkeypatch.setattr(layouts, "INPUT_LAYOUTS", on)
     monkeypatch.setattr(layouts, "WRAPPED_LAYOUTS", on)

@@ -82,6 +82,11 @@ ARRAY_META = True  # the benchmark's "before" turns it off: ctypes arrays for th
 # tensor allocated per call and read with .item() (two of them on the success path): a
 # gather kernel such as an embedding's then costs what any kernel costs. Off: the tensor.
 STATUS_RETURN = True
+# A kernel writing into an input (copy_ outputs: BatchNorm's running statistics, 3 per BN
+# in a training forward) gets a Launch too, its writes written out as the wrapper does
+# them (Launch.source): the graph code calls it inline, no wrapper frame, input list,
+# stride key and result list per call. Off: such kernels go through their wrapper.
+INLINE_WRITES = True
 assert array.array("q").itemsize == 8
 
 
@@ -144,14 +149,15 @@ def native_kernel(fn, program: Program) -> Kernel:
     exec(wrapper_source(n_in, n_out, call is not None, program.writes, bool(checks),  # noqa: S102
                         call_status is not None), scope)
     launch = None
-    if call is not None and not program.writes:
+    if call is not None and (INLINE_WRITES or not program.writes):
         # the graph code's entries, under its own keys (Launch.source): they do not hold
         # the symbols' array (the call gets the symbols' tuple)
         inline: dict = {}
         launch = Launch(inline, functools.partial(layout, into=inline), call, scope["address"],
                         tuple(dtypes), alloc.empty,
                         tuple(tuple(spec.shape) for _, spec in program.outputs),
-                        raise_index_error if checks else None, call_status)
+                        raise_index_error if checks else None, call_status,
+                        dict(program.writes))
     # kernel(inputs, syms, empty): outputs from the runtime's BufferPool
     return Kernel(scope["kernel"], native=True, takes_allocator=True, program=program,
                   launch=launch)
@@ -176,6 +182,10 @@ class Launch:
     # native_call's call_status: the status is the call's return value, no tensor
     # (STATUS_RETURN); None: the status is the kernel's last tensor
     call_status: Callable | None = None
+    # output index -> indexing.DirectWrite: a copy_ output, written into that input (by the
+    # kernel itself when the input is contiguous and the write is direct, else copied into
+    # it after the call); the output is then the input (wrapper_source's semantics)
+    writes: dict = dataclasses.field(default_factory=dict)
 
     def source(self, k: str, ins: list[str], outs: list[str], empty: str,
                reuse: dict[int, str] | None = None, known: list[bool] | None = None,
@@ -195,7 +205,9 @@ class Launch:
         kernel gets the symbols' tuple, not the entry's array; ``fixed``: input index ->
         the name of its sizes + strides (a tuple known at compile time), what a miss reads
         instead of the tensor's; ``offsets``: the name of a tuple of byte offsets, one per
-        tensor (inputs, outputs, status), where an input is a view passed as its base."""
+        tensor (inputs, outputs, status), where an input is a view passed as its base.
+        A write's output (``writes``) is its input, as in :func:`wrapper_source`: never
+        in ``reuse`` or ``direct``, and its input is passed as the tensor itself."""
         reuse, known, direct = reuse or {}, known or [False] * len(ins), dict(direct or {})
         fixed = fixed or {}
         if key is None:
@@ -214,18 +226,29 @@ class Launch:
             check = [f"    if {k}_status.item():",
                      f"        {k}_index_error({k}_status.item())"]
         const = key.isidentifier() or key.isdigit()  # no need for a variable
+        allocs = [f"    {o} = {reuse[j]}" if j in reuse else
+                  f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
+                  if j in direct else
+                  f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)]
+        written = []  # a write's output: the input itself, written into or copied into
+        for j, wr in self.writes.items():
+            assert j not in reuse and j not in direct, "a write's output is its input"
+            dst = ins[wr.input]
+            if wr.direct:
+                allocs[j] = (f"    {tmp[j]} = {dst} if {dst}.is_contiguous() else "
+                             f"{empty}(meta[{2 + j}], {k}_dt{j})")
+            written += [f"    if {tmp[j]} is not {dst}:", f"        {dst}.copy_({tmp[j]})",
+                        *([f"        {tmp[j]} = {dst}"] if outs[j] != "_" else [])]
         return [*([] if const else [f"    key = {key}"]),
                 f"    meta = {k}_layouts.get({key if const else 'key'})",
                 "    if meta is None:",
                 f"        meta = {k}_layout([{', '.join(fixed.get(j, i) for j, i in enumerate(ins))}], "
                 f"syms, {key if const else 'key'})",
-                *(f"    {o} = {reuse[j]}" if j in reuse else
-                  f"    {o} = empty_strided({direct[j][0]}, {direct[j][1]}, {k}_dt{j})"
-                  if j in direct else
-                  f"    {o} = {empty}(meta[{2 + j}], {k}_dt{j})" for j, o in enumerate(tmp)),
+                *allocs,
                 f"    {call}{k}_address, ({''.join(f'{t}, ' for t in ins + tmp)}), "
                 f"meta[0], syms, nthreads{'' if offsets is None else ', ' + offsets})",
                 *check,
+                *written,
                 *([f"    del {', '.join(t for t, o in zip(tmp, outs) if o == '_')}"]
                   if "_" in outs else [])]
 

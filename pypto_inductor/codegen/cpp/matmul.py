@@ -496,7 +496,7 @@ def _epilogue_call(product_call, P, srcs, getters, T, epi: Kernel, slot) -> Epil
     one (launcher.Launch: the extension, no in-place writes, no index checks)."""
     native = getattr(epi, "launch", None)
     if not (INLINE_GEMMS and INLINE_EPILOGUES) or native is None or T is None \
-            or native.index_error is not None:
+            or native.index_error is not None or native.writes:
         return None
     feeds = tuple((-1, None if _same_shape(shape, P) else shape) if src == PRODUCT
                   else (slot[src], shape) for _, (src, shape) in srcs)

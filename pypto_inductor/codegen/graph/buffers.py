@@ -79,8 +79,9 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
         # native kernels, the GEMM tiles' torch calls and extern ops whose schema says
         # their results alias no input (fresh tensors; the compiled graph runs without
         # autograd recording: AOTAutograd's forward runs under no_grad)
-        keeps = not (kind == "view" or (launch is not None and (
-            REUSE_AFTER_TORCH_CALLS or not getattr(launch, "gemm", False)))
+        # (a kernel writing an input returns that input: it keeps it)
+        keeps = not (kind == "view" or (launch is not None and not getattr(
+            launch, "writes", None) and (REUSE_AFTER_TORCH_CALLS or not getattr(launch, "gemm", False)))
             or (kind == "extern" and REUSE_AFTER_TORCH_CALLS and fresh_results(step)))
         for s in ins:
             r = root.get(s, s)
@@ -103,11 +104,13 @@ def static_reuse(graph, program, kernels, pool_empty) -> dict[int, tuple]:
 
 def fresh_outputs(launch) -> list[tuple]:
     """Per tile output: (shape, dtype) of the fresh contiguous buffer the generated code
-    allocates for it, or (None, None): a GEMM's product (torch allocates it) or an
-    epilogue output reshaped to the tile's shape."""
+    allocates for it, or (None, None): a GEMM's product (torch allocates it), an
+    epilogue output reshaped to the tile's shape, or a write's output (the input itself:
+    launcher.Launch.writes)."""
     native = getattr(launch, "native", None)
     if not getattr(launch, "gemm", False):
-        return list(zip(launch.shapes, launch.dtypes))
+        return [(None, None) if j in launch.writes else (shape, dt)
+                for j, (shape, dt) in enumerate(zip(launch.shapes, launch.dtypes))]
     if native is None:
         return [(None, None)] * len(launch.shapes)
     out = []

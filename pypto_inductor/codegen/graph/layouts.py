@@ -157,6 +157,10 @@ def fix_inputs(code, fixed: dict, graph, program, kernels, aliased, names, spec_
         elif launch is not None:
             if not getattr(launch, "gemm", False):
                 useful |= reads
+            for wr in getattr(launch, "writes", {}).values():  # written: not only read
+                r = seen.get(ins[wr.input], ins[wr.input])
+                if r < n_in:
+                    ok[r] = False
         elif not (kind == "extern" and fresh_results(step)):
             for r in reads:
                 ok[r] = False
@@ -187,7 +191,8 @@ def relayout(t: torch.Tensor, sizes, strides) -> torch.Tensor:
 
 def fix_wrapped(fixed: dict, outs, kernel, spec_of) -> None:
     """fix_outputs for a native kernel called through its wrapper (launcher.wrapper_source:
-    one writing into an input, BatchNorm's running statistics): each static output but
+    one writing into an input, BatchNorm's running statistics, with launcher.INLINE_WRITES
+    off; any without the extension): each static output but
     those written into an input is the wrapper's fresh contiguous ``empty``."""
     program = getattr(kernel, "program", None)
     if kernel is None or kernel.launch is not None or not kernel.native \

@@ -32,14 +32,16 @@ def size_only_steps(graph, program, kernels) -> set[int]:
         steps, kept, root = set(), set(), {}  # root: a view's slot -> the kernel output
         for i, (kind, name, fn, ins, outs, step) in enumerate(program):
             launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-            inline = launch is not None and not getattr(launch, "gemm", False)
+            writes = bool(getattr(launch, "writes", None))  # an input written in place
+            inline = launch is not None and not getattr(launch, "gemm", False) and not writes
             if inline and None not in outs and not bad.intersection(outs) \
                     and all(root.get(s, s) in kept for s in ins):
                 steps.add(i)
                 kept.update(outs)
             elif kind == "view" and ins and root.get(ins[0], ins[0]) in kept:
                 root[outs[0]] = root.get(ins[0], ins[0])
-            elif not inline and launch is None and not (kind == "extern" and _fresh(step)):
+            elif not inline and (launch is None or writes) \
+                    and not (kind == "extern" and _fresh(step)):
                 # a wrapper kernel may write an input (copy_); an extern op may return
                 # an alias of one, or write it
                 bad.update(root.get(s, s) for s in ins if root.get(s, s) in kept)

@@ -125,7 +125,9 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
         args = ", ".join(names[s] for s in ins)
         defs = [names[s] if s is not None else "_" for s in outs]
         launch = getattr(kernels.get(name), "launch", None) if kind == "kernel" else None
-        if kind != "view" and (launch is None or getattr(launch, "gemm", False)):
+        # a kernel writing an input gets the tensor itself: it writes through its name
+        if kind != "view" and (launch is None or getattr(launch, "gemm", False)
+                               or getattr(launch, "writes", None)):
             for s in dict.fromkeys(ins):
                 if s in pending:
                     make(s)
@@ -197,7 +199,9 @@ def graph_source(graph, program, free_after, *, probe: int, cpu_only: bool, pool
                                      else None)
                 if i in memo:  # launched on a miss only: see .memo
                     out[start:] = memo_source(code.bind("memo", {}), out[start:], defs)
-                known.update(s for s in outs if s is not None)
+                # a write's output is its input: of the input's strides, not fresh
+                known.update(s for j, s in enumerate(outs) if s is not None
+                             and j not in launch.writes)
                 fix_outputs(fixed, outs, launch)
                 if reuse:
                     out.append(f"    del {', '.join(reuse.values())}")
