@@ -92,6 +92,7 @@ class LoweringContext:
     def __init__(self, graph: TileGraph):
         self.graph = graph
         self.node: fx.Node | None = None
+        self.config = None  # the graph's Config (lower_graph)
         self._count = 0
         # 0-d constants (scalar_tensor, full(())) -> their Python value: pointwise
         # consumers take the literal, so masked_fill's -inf costs no kernel of its own
@@ -157,6 +158,7 @@ def _bind_symbols(graph: TileGraph, placeholders: list[fx.Node]) -> list[tuple[i
 def lower_graph(gm: fx.GraphModule, config: Config, name: str = "graph") -> TileGraph:
     graph = TileGraph(name=name, inputs=[], specs={}, nodes=[], outputs=[], size_hints={})
     ctx = LoweringContext(graph)
+    ctx.config = config  # read by lowerings that differ per target (matmul.TINY_GEMMS)
     env: dict[fx.Node, Any] = {}  # fx node -> value name, tuple of names, or sympy expr
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
 

@@ -14,13 +14,16 @@ aten = torch.ops.aten
 # A 2-D float GEMM of static shapes with at most TINY_GEMM_MACS multiply-adds (a ResNet's
 # classifier head, [4,32] x [32,10], and its two backward products) becomes a broadcast
 # multiply and a sum: one small native kernel, fused with its neighbours where the planner
-# can. MKL's call for it costs 2 us warm but 45-80 us in a training step, whose
+# can (the cpu target on the host only). MKL's call for it costs 2 us warm but 45-80 us in a training step, whose
 # convolutions have evicted MKL's code and data (docs/benchmarks.md). Off: a GEMM tile.
 TINY_GEMMS = True
 TINY_GEMM_MACS = 2048
 
 
 def _tiny(ctx, a, b) -> bool:
+    cfg = ctx.config  # the host CPU's cold-MKL problem: an NPU's cube unit does GEMMs
+    if cfg is None or cfg.target != "cpu" or cfg.hardware_name != "host":
+        return False
     sa, sb = ctx.spec(a), ctx.spec(b)
     if not TINY_GEMMS or len(sa.shape) != 2 or len(sb.shape) != 2 or sa.dtype != sb.dtype \
             or sa.dtype not in (torch.float32, torch.float64):
