@@ -316,15 +316,7 @@ def test_plan_invariants_on_the_zoo(name, run_both):
 
 
 def test_plan_invariants_on_a_backward_graph():
-    torch.manual_seed(0)
-    model = models.TransformerBlock(dim=32, heads=2, hidden=64)
-    x = torch.randn(2, 8, 32, requires_grad=True)
-    from pypto_inductor.report import collect
-    with collect() as graphs:
-        out = torch.compile(model, backend="pypto")(x)
-        (g,) = torch.autograd.grad(out.square().sum(), [x])
-    (ref,) = torch.autograd.grad(model(x).square().sum(), [x])
-    torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+    graphs = _transformer_training_reports()
     assert {gr.name.rsplit("_", 1)[-1] for gr in graphs} == {"forward", "backward"}
     for gr in graphs:
         _check_plan_invariants(gr.plan)
@@ -473,8 +465,8 @@ def test_closure_search_pruned_by_topological_order_plans_the_same(name, monkeyp
     assert [signature(g) for g in graphs] == pruned
 
 
-def _transformer_training_graphs():
-    """The forward and backward TileGraphs of a small transformer block (static sizes)."""
+def _transformer_training_reports():
+    """The GraphReports of a small transformer block's training step (static sizes)."""
     from pypto_inductor.report import collect
 
     torch.manual_seed(0)
@@ -485,7 +477,11 @@ def _transformer_training_graphs():
         (g,) = torch.autograd.grad(out.square().sum(), [x])
     (ref,) = torch.autograd.grad(model(x).square().sum(), [x])
     torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
-    return [gr.plan.graph for gr in graphs if gr.plan is not None]
+    return [gr for gr in graphs if gr.plan is not None]
+
+
+def _transformer_training_graphs():
+    return [gr.plan.graph for gr in _transformer_training_reports()]
 
 
 def test_group_edges_follow_every_merge(monkeypatch):
