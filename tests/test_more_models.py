@@ -15,11 +15,11 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 from pypto_inductor import zoo
 from pypto_inductor.report import collect
 
-transformers = pytest.importorskip("transformers")
 
 TEXT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
             vocab_size=256, max_position_embeddings=128, pad_token_id=0)
