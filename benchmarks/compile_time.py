@@ -22,6 +22,10 @@ rebuild of a transformers ModelOutput needs globals a new process lacks).
 ``--mode aot-train``: the same for the training step (the saved function returns the loss;
 the step calls its backward).
 
+``--backends`` may add ``eager`` (Dynamo's trace, the graphs run as traced, no compiler):
+its warm first call is the floor of any backend's warm start through ``torch.compile``
+(column ``dynamo alone warm cpu s``); what a backend adds is its warm CPU minus that.
+
 Inductor runs with ``TORCHINDUCTOR_COMPILE_THREADS=1`` so its C++ compiles are children
 this process waits for (counted in ``cpu``) rather than a worker pool's. The issue-16
 targets: pypto's cold compile at most half of Inductor's, its warm start at most 1 s.
@@ -46,7 +50,8 @@ TINY = "tiny-mlp"  # not a zoo model: a two-layer MLP with a loss, for the tests
 COLUMNS = ["model", "pypto cold s", "pypto cold cpu s", "inductor cold s",
            "inductor cold cpu s", "pypto/inductor cold", "pypto/inductor cold cpu",
            "pypto warm first call s", "pypto warm cpu s", "pypto warm start s",
-           "inductor warm first call s", "inductor warm cpu s", "inductor warm start s"]
+           "inductor warm first call s", "inductor warm cpu s", "inductor warm start s",
+           "dynamo alone warm cpu s"]
 
 
 def _cpu_s() -> float:
@@ -186,11 +191,12 @@ def row(name: str, r: dict) -> list[str]:
     nan = {"first_s": float("nan"), "cpu_s": float("nan"), "start_s": float("nan")}
     pc, ic = r.get(("pypto", "cold"), nan), r.get(("inductor", "cold"), nan)
     pw, iw = r.get(("pypto", "warm"), nan), r.get(("inductor", "warm"), nan)
+    dynamo = r.get(("eager", "warm"), nan)
     cells = [f"{pc['first_s']:.1f}", f"{pc['cpu_s']:.1f}", f"{ic['first_s']:.1f}",
              f"{ic['cpu_s']:.1f}", f"{pc['first_s'] / ic['first_s']:.2f}",
              f"{pc['cpu_s'] / ic['cpu_s']:.2f}", f"{pw['first_s']:.2f}", f"{pw['cpu_s']:.2f}",
              f"{pw['start_s']:.2f}", f"{iw['first_s']:.2f}", f"{iw['cpu_s']:.2f}",
-             f"{iw['start_s']:.2f}"]
+             f"{iw['start_s']:.2f}", f"{dynamo['cpu_s']:.2f}"]
     return [name] + [c.replace("nan", "-") for c in cells]
 
 
@@ -203,7 +209,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated zoo names")
     parser.add_argument("--markdown", default="", help="also append the table to this file")
     parser.add_argument("--backends", default="pypto,inductor",
-                        help="comma-separated: pypto, inductor")
+                        help="comma-separated: pypto, inductor, eager (Dynamo alone: the "
+                             "warm start's floor)")
     parser.add_argument("--mode", default="forward", choices=MODES,
                         help="forward (no_grad), train (first forward+backward step), aot "
                              "(the forward saved by aot_compile, then loaded) or aot-train "

@@ -34,3 +34,9 @@ def test_aot_mode_loads_the_saved_function_in_a_new_process(mode):
     cold, warm = r["pypto", "cold"], r["pypto", "warm"]
     # cold: Dynamo's trace, our compile and the save; warm: the file loaded, no trace
     assert 0 < warm["first_s"] < cold["first_s"] and warm["start_s"] >= warm["first_s"]
+
+
+def test_eager_backend_gives_the_dynamo_floor_column():
+    r = compile_time.measure(compile_time.TINY, ("eager",), "forward")
+    cells = compile_time.row("tiny", r)
+    assert cells[-1] != "-" and float(cells[-1]) > 0 and cells[1] == "-"  # no pypto column
