@@ -41,8 +41,9 @@ from .config import cache_dir
 from .hardware import MiB, HardwareModel, cache_bytes, get_hardware, host, usable_cpus
 
 ENV_OFF = "PYPTO_INDUCTOR_NO_CALIBRATE"
-# bumped when what is measured changes (3: the straight-line wrapper; 4: best of repeats)
-VERSION = 4
+# bumped when what is measured changes (3: the straight-line wrapper; 4: best of repeats;
+# 5: exp on one thread by its CPU time, times the threads)
+VERSION = 5
 
 
 def disabled() -> bool:

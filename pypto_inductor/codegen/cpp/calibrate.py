@@ -3,11 +3,13 @@
 - per-call cost: a trivial native kernel (one element) called through the cpu
   target's wrapper (output allocation, stride key, the call), the fastest
   batch's per-call average;
-- compute: a native ``exp`` over a cache-resident buffer with every thread,
-  counted at the ROI model's weight of ``exp`` in flops per element
-  (:data:`ops.OPS`), so the roofline's compute term is what this CPU really
-  sustains on the transcendental math our kernels are made of (not a theoretical
-  FMA peak);
+- compute: a native ``exp`` over a cache-resident buffer on one thread, timed by that
+  thread's CPU time and scaled by torch's thread count (exp is compute-bound: it scales
+  with threads; timing every thread by the wall clock read 8.8e7 flops/s instead of
+  ~1e10 on a machine loaded 4x, a barrier waiting for a descheduled thread), counted at
+  the ROI model's weight of ``exp`` in flops per element (:data:`ops.OPS`), so the
+  roofline's compute term is what this CPU really sustains on the transcendental math
+  our kernels are made of (not a theoretical FMA peak);
 - :func:`breakdown`: the pieces of one native call, for docs/runtime_overhead.md.
 """
 from __future__ import annotations
@@ -68,22 +70,22 @@ def measure_call_us(calls: int = 500, batches: int = 7, warmup: int = 2000) -> f
 
 
 def measure_flops(elems: int = 1 << 17, repeats: int = 31) -> float | None:
-    """Flops per second of the native ``exp`` (at the ROI model's flops per exp)."""
+    """Flops per second of the native ``exp`` on torch's threads (at the ROI model's flops
+    per exp)."""
     if compiler.find_compiler() is None:
         return None
     fn = compiler.load(PRELUDE + EXP_KERNEL, SYMBOL)
     x, y = torch.randn(elems), torch.empty(elems)
     ptrs = (ctypes.c_void_p * 2)(x.data_ptr(), y.data_ptr())
     meta, syms = (ctypes.c_int64 * 1)(elems), (ctypes.c_int64 * 1)(0)
-    threads = torch.get_num_threads()
-    fn(ptrs, meta, syms, threads)
+    fn(ptrs, meta, syms, 1)
     torch.testing.assert_close(y, x.exp())
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn(ptrs, meta, syms, threads)
-        times.append(time.perf_counter() - start)
-    return elems * flop_weight("exp") / min(times)
+        start = time.thread_time()
+        fn(ptrs, meta, syms, 1)
+        times.append(time.thread_time() - start)
+    return elems * flop_weight("exp") / min(times) * torch.get_num_threads()
 
 
 def breakdown(number: int = 20000, repeat: int = 7) -> dict:
