@@ -192,6 +192,17 @@ def test_global_pool_of_fused_chain_matches_eager(pool, dtype, pool_nhwc, rewrit
     assert len(rewrites) == 1
 
 
+def test_global_pool_dynamic_batch_and_size(rewrites):
+    g = torch.Generator().manual_seed(13)
+    m = _randomize_bn(PoolHead("adaptive"), g).eval()
+    with torch.no_grad():
+        c = torch.compile(m, backend="pypto", dynamic=True)
+        for shape in ((2, 5, 9, 9), (5, 5, 6, 11)):
+            x = torch.randn(*shape, generator=g)
+            torch.testing.assert_close(c(x), m(x), **_tol(torch.float32))
+    assert rewrites
+
+
 @pytest.mark.parametrize("pool_nhwc", [True, False], ids=["nhwc", "nchw"])
 def test_global_pool_rewrite_reads_the_nhwc_view(pool_nhwc, monkeypatch):
     """The rewritten Dynamo graph (run as it is, the fused op eagerly): the pool is a mean
