@@ -155,6 +155,77 @@ def test_switch_off_and_dynamic_batch(rewrites):
             conv.ENABLED = True
 
 
+class PoolHead(nn.Module):
+    """conv + BN + ReLU, then a global average pool in one of its spellings."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.block, self.pool = Block(5, 6, bias=True), pool
+
+    def forward(self, x):
+        y = self.block(x)
+        if self.pool == "adaptive":
+            return F.adaptive_avg_pool2d(y, 1).flatten(1)
+        if self.pool == "adaptive_module_pair":
+            return nn.AdaptiveAvgPool2d((1, 1))(y)
+        if self.pool == "mean_keepdim":
+            return y.mean((-1, -2), keepdim=True)
+        if self.pool == "mean":
+            return torch.mean(y, dim=[2, 3])
+        if self.pool == "mean_and_other_use":  # the conv output also read elsewhere
+            return y.mean((2, 3)), y[:, :, 1:3, 2]
+        return F.adaptive_avg_pool2d(y, 2)  # not global: left as it is
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("pool", ["adaptive", "adaptive_module_pair", "mean_keepdim", "mean",
+                                  "mean_and_other_use", "adaptive_2x2"])
+@pytest.mark.parametrize("pool_nhwc", [True, False], ids=["nhwc", "nchw"])
+def test_global_pool_of_fused_chain_matches_eager(pool, dtype, pool_nhwc, rewrites,
+                                                  monkeypatch):
+    monkeypatch.setattr(conv, "POOL_NHWC", pool_nhwc)
+    g = torch.Generator().manual_seed(11)
+    m = _randomize_bn(PoolHead(pool), g).eval().to(dtype)
+    x = torch.randn(3, 5, 9, 7, generator=g).to(dtype)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend="pypto")(x), m(x), **_tol(dtype))
+    assert len(rewrites) == 1
+
+
+def test_global_pool_dynamic_batch_and_size(rewrites):
+    g = torch.Generator().manual_seed(13)
+    m = _randomize_bn(PoolHead("adaptive"), g).eval()
+    with torch.no_grad():
+        c = torch.compile(m, backend="pypto", dynamic=True)
+        for shape in ((2, 5, 9, 9), (5, 5, 6, 11)):
+            x = torch.randn(*shape, generator=g)
+            torch.testing.assert_close(c(x), m(x), **_tol(torch.float32))
+    assert rewrites
+
+
+@pytest.mark.parametrize("pool_nhwc", [True, False], ids=["nhwc", "nchw"])
+def test_global_pool_rewrite_reads_the_nhwc_view(pool_nhwc, monkeypatch):
+    """The rewritten Dynamo graph (run as it is, the fused op eagerly): the pool is a mean
+    of the permuted (NHWC, contiguous) conv output, and still equals eager."""
+    monkeypatch.setattr(conv, "POOL_NHWC", pool_nhwc)
+    graphs = []
+
+    def rewrite_only(gm, example_inputs):
+        conv.rewrite_convolutions(gm, example_inputs)
+        graphs.append(gm)
+        return gm
+
+    m = _randomize_bn(PoolHead("adaptive"), torch.Generator().manual_seed(12)).eval()
+    x = torch.randn(2, 5, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend=rewrite_only)(x), m(x),
+                                   **_tol(torch.float32))
+    targets = [n.target for n in graphs[0].graph.nodes]
+    assert torch.ops.pypto_inductor.conv_fused.default in targets
+    assert (torch.permute in targets) == pool_nhwc
+    assert (F.adaptive_avg_pool2d in targets) != pool_nhwc
+
+
 def _extern_reasons(graphs) -> list[str]:
     return [r for g in graphs for r in g.to_dict()["extern_reasons"].values()]
 

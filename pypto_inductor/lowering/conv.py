@@ -43,6 +43,12 @@ _ADD = {operator.add, operator.iadd, torch.add}
 _RELU = {F.relu, torch.relu, torch.relu_, F.relu_}
 _OP_NAME = "pypto_inductor::conv_fused"
 ENABLED = True  # the benchmark's switch for the "before" form
+# a global average pool of a fused chain's (channels-last) output reduces the NHWC view:
+# the NCHW-order reduction strides by C through memory (pool + Linear head at 4x64x32x32,
+# compiled: 377 -> 60 us; docs/benchmarks.md "Conv nets, eval: where the time goes")
+POOL_NHWC = True
+_POOL = {F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d}
+_MEAN = {torch.mean, "mean"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +217,9 @@ def rewrite_convolutions(gm: fx.GraphModule, example_inputs) -> list[tuple[str, 
         d = _rewrite_one(graph, conv)
         if d is not None:
             decisions.append(d)
+    if decisions and POOL_NHWC:
+        for node in list(graph.nodes):
+            _rewrite_global_pool(graph, node)
     if decisions:
         graph.lint()
         gm.recompile()
@@ -282,6 +291,47 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
                     f"({'BatchNorm folded into the weights, ' if bn else ''}"
                     f"{'residual add and ' if other is not None else ''}{act} as post-ops,"
                     " channels-last)", cost)
+
+
+def _global_pool_keepdim(node: fx.Node) -> bool | None:
+    """Whether ``node`` is a global average pool over H and W of a 4-D tensor keeping them as
+    1x1 (adaptive_avg_pool2d(x, 1), mean(x, (2, 3), keepdim=True)), dropping them (mean
+    without keepdim), or None: not such a pool."""
+    if node.op == "call_function" and node.target in _POOL:
+        size = _arg(node, 1, "output_size", None)
+        return True if size in (1, (1, 1), [1, 1]) and len(node.args) <= 2 else None
+    if (node.target in _MEAN and node.op in ("call_function", "call_method")
+            and _arg(node, 3, "dtype", None) is None):
+        dims = _arg(node, 1, "dim", None)
+        dims = [dims] if isinstance(dims, int) else dims
+        if (isinstance(dims, (tuple, list)) and len(dims) == 2
+                and all(isinstance(d, int) for d in dims)
+                and sorted(d % 4 for d in dims) == [2, 3]):
+            keepdim = _arg(node, 2, "keepdim", False)
+            return keepdim if isinstance(keepdim, bool) else None
+    return None
+
+
+def _rewrite_global_pool(graph: fx.Graph, node: fx.Node) -> None:
+    """A global average pool of a fused chain's output as a mean over the middle dims of
+    its NHWC view (contiguous, as oneDNN wrote it)."""
+    y = node.args[0] if node.args else None
+    if not (isinstance(y, fx.Node) and y.op == "call_function"
+            and y.target is torch.ops.pypto_inductor.conv_fused.default):
+        return
+    keepdim = _global_pool_keepdim(node)
+    if keepdim is None:
+        return
+    with graph.inserting_before(node):
+        nhwc = graph.call_function(torch.permute, (y, (0, 2, 3, 1)))
+        new = graph.call_function(torch.mean, (nhwc, (1, 2)))
+        if keepdim:
+            new = graph.call_function(torch.unsqueeze, (new, -1))
+            new = graph.call_function(torch.unsqueeze, (new, -1))
+    if "example_value" in node.meta:
+        new.meta["example_value"] = node.meta["example_value"]
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
 
 
 __all__ = ["conv_fused", "rewrite_convolutions"]
