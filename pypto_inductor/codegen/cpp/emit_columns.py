@@ -78,17 +78,17 @@ def narrow_counts(k) -> range | tuple:
 
 class ColumnEmitter(RowEmitter):
     def source(self) -> str:
-        p, w = self.p, self.w
+        p, w, var = self.p, self.w, self.declare_kernel_vars
         last = self.outer - 1  # the last kept dim: blocks run along it
         self.last = last
         self.head()
         checks = [f"(D{last} == 1 || a{k}_{last} == {'1' if f == 'unit' else '0'})"
                   for k, f in enumerate(p.fast) if f != "strided"]
-        w(f"  const bool fast = {' && '.join(checks) or 'true'}; (void)fast;")
+        var("bool", {"fast": " && ".join(checks) or "true"}, unused=("fast",))
         self.merge = MERGED_REDUCED_DIMS and self.n - self.outer > 1 \
             and any(a.col for a in p.accesses)
         if self.merge:
-            w(f"  const bool merged = {' && '.join(self.merged_checks())};")
+            var("bool", {"merged": " && ".join(self.merged_checks())})
         reds = self.reductions(1)
         outs = [(k, x, spec) for k, (x, spec) in enumerate(p.outputs) if x.level == "col"]
         # one pass, per-element outputs known before it: the columns may be split
@@ -100,17 +100,20 @@ class ColumnEmitter(RowEmitter):
         # prefetcher starts over on every one (two threads then run as slowly as one:
         # docs/benchmarks.md). So too few blocks for the threads split the columns (partial
         # sums), or when there is more than one pass, the blocks.
-        w("  const int64_t K = D{0}, Ro = K > 0 ? R / K : 0;".format(last))
-        w(f"  int64_t NB = std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1)), S = 1;")
+        var("int64_t", {"K": f"D{last}", "Ro": "K > 0 ? R / K : 0"})
+        var("int64_t", {"NB": f"std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1))",
+                        "S": "1"}, const=False)
         w("  if (nt > 1 && Ro * ((K + NB - 1) / NB) < nt) {")
         if splittable or staged:
             w(f"    if (C >= {SPLIT_MIN} * nt) S = nt; else")
         w("    NB = std::max<int64_t>(16, ((K + nt - 1) / nt + 15) / 16 * 16);")
         w("  }")
-        w("  const int64_t NKB = (K + NB - 1) / NB, W = Ro * NKB;")
+        var("int64_t", {"NKB": "(K + NB - 1) / NB", "W": "Ro * NKB"})
         if staged:
             w("  if (S > 1) {")
+            outside = dict(self.kernel_vars)
             self.split_passes()
+            self.kernel_vars = outside  # split_passes' arrays are out of scope
             w("  } else {")
             self.work_items("W", split=False)
             self.body(outs)
@@ -126,11 +129,7 @@ class ColumnEmitter(RowEmitter):
             return "\n".join(self.lines) + "\n"
         # pass 1 per (block, column part) into partial accumulators, then one item per
         # block combines them
-        for x in reds:
-            t = "double" if self.wide(x) else ctype(x.dtype)
-            w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
-            if self.has_nan(x):
-                w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
+        self.alloc_parts(reds)
         self.work_items("W * S", split=True)
         self.row_nodes(0)
         self.init(reds)
@@ -153,27 +152,27 @@ class ColumnEmitter(RowEmitter):
         order; a pass's reduction values go to ``kept<id>`` (per kept element), which the
         later passes' items read back before recomputing the row values that follow from
         them. The last pass's combining loop writes the outputs."""
-        w = self.w
+        w, var = self.w, self.declare_kernel_vars
         kept = [x for s in range(1, self.passes) for x in self.reductions(s)]
         for x in kept:
-            w(f"  {ctype(x.dtype)}* __restrict__ kept{x.id} = "
-              f"({ctype(x.dtype)}*)std::malloc(sizeof({ctype(x.dtype)}) * std::max<int64_t>(R, 1));")
+            t = ctype(x.dtype)
+            var(f"{t}* __restrict__",
+                {f"kept{x.id}": f"({t}*)std::malloc(sizeof({t}) * std::max<int64_t>(R, 1))"},
+                const=False)
         # a conditional pass (body's ``when``) runs in the blocks where a row needs it: the
         # previous pass's combining loop flags those blocks (need<stage>), and a pass no
         # block needs opens no parallel loop (BatchNorm's correction passes rarely run)
         conditional = {s for s in range(2, self.passes + 1)
                        if all(x.attrs.get("when") for x in self.reductions(s))}
         for stage in sorted(conditional):
-            w(f"  int* __restrict__ need{stage} = (int*)std::malloc(sizeof(int) * std::max<int64_t>(W, 1));")
+            var("int* __restrict__",
+                {f"need{stage}": "(int*)std::malloc(sizeof(int) * std::max<int64_t>(W, 1))"},
+                const=False)
         for stage in range(1, self.passes + 1):
             reds = self.reductions(stage)
-            for x in reds:
-                t = "double" if self.wide(x) else ctype(x.dtype)
-                w(f"  {t}* __restrict__ part{x.id} = ({t}*)std::malloc(sizeof({t}) * S * R);")
-                if self.has_nan(x):
-                    w(f"  int* __restrict__ pnan{x.id} = (int*)std::malloc(sizeof(int) * S * R);")
+            self.alloc_parts(reds)
             if stage in conditional:
-                w(f"  bool any{stage} = false;")
+                var("bool", {f"any{stage}": "false"}, const=False)
                 w(f"  for (int64_t wb = 0; wb < W; ++wb) any{stage} = any{stage} || need{stage}[wb];")
                 w(f"  if (!any{stage}) {{")
                 for x in reds:
@@ -217,6 +216,17 @@ class ColumnEmitter(RowEmitter):
             w(f"  std::free(kept{x.id});")
         for stage in sorted(conditional):
             w(f"  std::free(need{stage});")
+
+    def alloc_parts(self, reds) -> None:
+        """The part arrays of a split reduction's totals (and NaN flags): S per row."""
+        var = self.declare_kernel_vars
+        for x in reds:
+            t = "double" if self.wide(x) else ctype(x.dtype)
+            var(f"{t}* __restrict__", {f"part{x.id}": f"({t}*)std::malloc(sizeof({t}) * S * R)"},
+                const=False)
+            if self.has_nan(x):
+                var("int* __restrict__", {f"pnan{x.id}": "(int*)std::malloc(sizeof(int) * S * R)"},
+                    const=False)
 
     def store_parts(self, reds) -> None:
         """Each work item's partial totals (and NaN flags) to its slot of the part arrays."""

@@ -42,10 +42,11 @@ class MixedEmitter(RowEmitter):
         self.outer = nk + p.mixed
         outer = " * ".join(f"D{d}" for d in range(nk, self.outer)) or "1"
         inner = " * ".join(f"D{d}" for d in range(self.outer, n)) or "1"
-        w(f"  const int64_t NO = {outer}, CI = {inner};")
+        self.declare_kernel_vars("int64_t", {"NO": outer, "CI": inner})
         fast_checks = self.fast_checks()
         has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
-        w(f"  const bool fast = {' && '.join(fast_checks) or 'true'}; (void)fast;")
+        self.declare_kernel_vars("bool", {"fast": " && ".join(fast_checks) or "true"},
+                                 unused=("fast",))
         loop_start = len(self.lines)
         w("  for (int64_t r = 0; r < R; ++r) {")
         w("    const int64_t c0 = 0, c1 = CI; (void)c0; (void)c1;")

@@ -20,6 +20,7 @@ from .ops import (EXTRA_PRELUDE, STORAGE, NotEmittable, conv, ctype, expression,
                   identity, literal, load, mark_contractions, number, size, store, sum_update)
 from .prelude import PRELUDE
 from .program import dim_mult
+from .work_items import PARAMS, KernelVar
 POINTWISE_CHUNK = 16384  # elements per work item in pointwise tiles
 MAX_CACHED_COLS = 1 << 16  # longest row whose costly values a thread keeps (cache_costly_values)
 PARALLEL_MIN = 32768  # fewer elements run on one thread
@@ -136,6 +137,9 @@ class RowEmitter:
         self.n = len(p.shape)
         self.outer = self.n - p.m
         self.lines: list[str] = []
+        # the kernel's variables in scope, by name: a loop over work items copies the ones it
+        # names (work_items.local_copies)
+        self.kernel_vars: dict[str, KernelVar] = {}
         nodes = p.nodes
         needed: set[int] = set()
         stack = [node for node, _ in p.outputs]
@@ -181,21 +185,37 @@ class RowEmitter:
     def w(self, line: str) -> None:
         self.lines.append(line)
 
+    def kernel_var(self, var: KernelVar) -> None:
+        """Record a variable declared in the kernel's scope (or a block of it still open
+        where the next loop over work items is written)."""
+        self.kernel_vars[var.name] = var
+
+    def declare_kernel_vars(self, ctype: str, values: dict[str, str], const: bool = True,
+                            unused: tuple[str, ...] = ()) -> None:
+        """The kernel-scope declaration ``[const] ctype name = value, ...;`` (then
+        ``(void)name;`` for each name of ``unused``), its variables recorded."""
+        inits = ", ".join(f"{name} = {value}" for name, value in values.items())
+        self.w(f"  {'const ' if const else ''}{ctype} {inits};"
+               + "".join(f" (void){name};" for name in unused))
+        for name in values:
+            self.kernel_var(KernelVar(name, ctype))
+
     def head(self) -> None:
         """The function's start: sizes, rows R and columns C, pointers, and each access's
         stride per frame dim (``a<k>_<d>``)."""
         p, n = self.p, self.n
-        w = self.w
+        w, var = self.w, self.declare_kernel_vars
         w(PRELUDE + EXTRA_PRELUDE)
-        w('extern "C" void pi_kernel(void* const* ptrs, const int64_t* meta, '
-          'const int64_t* syms, int nt) {')
+        w(f'extern "C" void pi_kernel({", ".join(f"{v.ctype} {v.name}" for v in PARAMS)}) {{')
+        for v in PARAMS:
+            self.kernel_var(v)
         for i, s in enumerate(p.symbols):
-            w(f"  const int64_t {s.name} = syms[{i}]; (void){s.name};")
+            var("int64_t", {s.name: f"syms[{i}]"}, unused=(s.name,))
         for d, s in enumerate(p.shape):
-            w(f"  const int64_t D{d} = {size(s)};")
+            var("int64_t", {f"D{d}": size(s)})
         rows = " * ".join(f"D{d}" for d in range(self.outer)) or "1"
         cols = " * ".join(f"D{d}" for d in range(self.outer, n)) or "1"
-        w(f"  const int64_t R = {rows}, C = {cols};")
+        var("int64_t", {"R": rows, "C": cols})
         off = 0
         offsets = []
         # a copy_ written straight into its input: that input and output alias
@@ -203,14 +223,14 @@ class RowEmitter:
         aliased = {wr.input for wr in writes.values() if wr.direct}
         for k, spec in enumerate(p.input_specs):
             r = "" if k in aliased else " __restrict__"
-            w(f"  const {STORAGE[spec.dtype]}*{r} in{k} = "
-              f"(const {STORAGE[spec.dtype]}*)ptrs[{k}];")
+            t = STORAGE[spec.dtype]
+            var(f"const {t}*{r}", {f"in{k}": f"(const {t}*)ptrs[{k}]"}, const=False)
             offsets.append(off)
             off += 2 * len(spec.shape)
         for k, (_, spec) in enumerate(p.outputs):
             r = "" if k in writes and writes[k].direct else " __restrict__"
-            w(f"  {STORAGE[spec.dtype]}*{r} out{k} = "
-              f"({STORAGE[spec.dtype]}*)ptrs[{len(p.input_specs) + k}];")
+            t = STORAGE[spec.dtype]
+            var(f"{t}*{r}", {f"out{k}": f"({t}*)ptrs[{len(p.input_specs) + k}]"}, const=False)
         for k, a in enumerate(p.accesses):
             q = len(p.input_specs[a.input].shape)
             o = offsets[a.input]
@@ -219,13 +239,13 @@ class RowEmitter:
                 e = "0" if j is None else f"(meta[{o + j}] == 1 ? 0 : meta[{o + q + j}])"
                 if j is not None and mult != 1:
                     e = f"({e} * {size(mult)})"
-                w(f"  const int64_t a{k}_{d} = {e};")
+                var("int64_t", {f"a{k}_{d}": e})
             if a.offset is not None:
-                w(f"  const int64_t co{k} = {size(a.offset)}; (void)co{k};")
+                var("int64_t", {f"co{k}": size(a.offset)}, unused=(f"co{k}",))
             if a.row_shift:  # a row cat's part: its first index and length along the dim
                 e, off = a.row_shift
-                w(f"  const int64_t ro{k} = {size(off)}, rn{k} = {size(a.frame[e])};")
-        self.lines += index_prologue(p, offsets)
+                var("int64_t", {f"ro{k}": size(off), f"rn{k}": size(a.frame[e])})
+        index_prologue(self, offsets)
 
     def fast_checks(self) -> list[str]:
         """The run-time conditions of the fast path: each column access's strides along
@@ -242,7 +262,7 @@ class RowEmitter:
 
     def source(self) -> str:
         p, n = self.p, self.n
-        w = self.w
+        w, var = self.w, self.declare_kernel_vars
         self.head()
         fast_checks = self.fast_checks()
         # rows of the frames other than the domain's: the row index decomposed over them
@@ -257,20 +277,20 @@ class RowEmitter:
                 g = len(frames)
                 frames.append(rows)
                 for e, sz in enumerate(rows):
-                    w(f"  const int64_t F{g}_{e} = {size(sz)}; (void)F{g}_{e};")
+                    var("int64_t", {f"F{g}_{e}": size(sz)}, unused=(f"F{g}_{e}",))
             self.frame_of[k] = frames.index(rows)
         has_fast = p.m <= 1 or all(f != "strided" for a, f in zip(p.accesses, p.fast) if a.col)
         for s, b in enumerate(getattr(p, "cat_bounds", None) or []):
-            w(f"  const int64_t CB{s + 1} = {size(b)};")
+            var("int64_t", {f"CB{s + 1}": size(b)})
         for x in p.nodes:
             for s, b in enumerate(x.attrs.get("row_bounds", ()) if x.kind == "op" else ()):
-                w(f"  const int64_t RB{x.id}_{s} = {size(b)};")
-        w(f"  const bool fast = {' && '.join(fast_checks) or 'true'};")
+                var("int64_t", {f"RB{x.id}_{s}": size(b)})
+        var("bool", {"fast": " && ".join(fast_checks) or "true"})
         if has_fast:
             w("  (void)fast;")
         # column sums (a row kernel's or a pointwise one's) take whole rows
         chunk = "C" if p.reduction or self.colsums else f"std::min<int64_t>(C, {POINTWISE_CHUNK})"
-        w(f"  const int64_t CH = std::max<int64_t>({chunk}, 1);")
+        var("int64_t", {"CH": f"std::max<int64_t>({chunk}, 1)"})
         nch = "1" if p.reduction else "(C + CH - 1) / CH"  # a reduction of nothing still writes
         blocked = not p.reduction and any(
             a.col and f == "strided" for a, f in zip(p.accesses, p.fast))
@@ -280,10 +300,10 @@ class RowEmitter:
             self.column_sum_runs()
         elif narrow:  # blocks of rows along the innermost row dim (NARROW_ROWS)
             last = self.outer - 1
-            w(f"  const int64_t NCH = 1, NJB = (D{last} + {NARROW_BLOCK - 1}) / {NARROW_BLOCK}, "
-              f"W = (D{last} > 0 ? R / D{last} : 0) * NJB; (void)NCH;")
+            var("int64_t", {"NCH": "1", "NJB": f"(D{last} + {NARROW_BLOCK - 1}) / {NARROW_BLOCK}",
+                            "W": f"(D{last} > 0 ? R / D{last} : 0) * NJB"}, unused=("NCH",))
         else:
-            w(f"  const int64_t NCH = {nch}, W = {rows_per_item} * NCH;")
+            var("int64_t", {"NCH": nch, "W": f"{rows_per_item} * NCH"})
         self.stage_call()
         loop_start = len(self.lines)
         w("  for (int64_t wi = 0; wi < W; ++wi) {")
@@ -418,8 +438,8 @@ class RowEmitter:
         if not ONE_BODY:
             self.lines += [f"  if ({condition}) {{", pragma, *loop, "  } else {", *loop, "  }"]
             return
-        head = max(i for i, line in enumerate(self.lines) if line.startswith('extern "C"'))
-        self.lines += work_items.one_body(self.lines[head:], loop, count, condition, pragma)
+        self.lines += work_items.one_body(self.kernel_vars.values(), loop, count, condition,
+                                          pragma)
 
     @property
     def static(self) -> bool:
@@ -437,27 +457,30 @@ class RowEmitter:
         nt threads (CSS parts; its condition, over the same sizes), runs start at each
         part's first row and each part is totalled before the parts are added. So the sums
         are bit for bit the unfused kernel's, at any thread count."""
-        w = self.w
+        w, var = self.w, self.declare_kernel_vars
         self.run = column_order.SUM_BLOCK
         per_block = column_order.ROWS_PER_BLOCK
-        w(f"  const int64_t CSS = (nt > 1 && (C + {per_block - 1}) / {per_block} < nt"
-          f" && R >= {column_order.SPLIT_MIN} * nt) ? nt : 1;")
-        w("  int64_t* CSF = (int64_t*)std::malloc(sizeof(int64_t) * (CSS + 1));")
+        var("int64_t", {"CSS": f"(nt > 1 && (C + {per_block - 1}) / {per_block} < nt"
+                               f" && R >= {column_order.SPLIT_MIN} * nt) ? nt : 1"})
+        var("int64_t*", {"CSF": "(int64_t*)std::malloc(sizeof(int64_t) * (CSS + 1))"},
+            const=False)
         w("  CSF[0] = 0;")
         w("  for (int64_t s = 0; s < CSS; ++s)")
         w(f"    CSF[s + 1] = CSF[s] + (R * (s + 1) / CSS - R * s / CSS + {self.run - 1}) / "
           f"{self.run};")
-        w("  const int64_t NCH = 1, W = CSF[CSS]; (void)NCH;")
+        var("int64_t", {"NCH": "1", "W": "CSF[CSS]"}, unused=("NCH",))
         for k, _, _ in self.colsums:
-            w(f"  float* __restrict__ pcs{k} = "
-              f"(float*)std::malloc(sizeof(float) * std::max<int64_t>(W * C, 1));")
+            var("float* __restrict__",
+                {f"pcs{k}": "(float*)std::malloc(sizeof(float) * std::max<int64_t>(W * C, 1))"},
+                const=False)
 
     def column_sum_totals(self) -> None:
         """Each column sum's runs added in double in order, per part then the parts."""
-        w = self.w
-        w("  double* __restrict__ ctot = (double*)std::malloc(sizeof(double) * "
-          "std::max<int64_t>(2 * C, 1));")
-        w("  double* __restrict__ cpart = ctot + C;")
+        w, var = self.w, self.declare_kernel_vars
+        var("double* __restrict__",
+            {"ctot": "(double*)std::malloc(sizeof(double) * std::max<int64_t>(2 * C, 1))"},
+            const=False)
+        var("double* __restrict__", {"cpart": "ctot + C"}, const=False)
         for k, x, spec in self.colsums:
             w("  for (int64_t c = 0; c < C; ++c) ctot[c] = 0.0;")
             w("  for (int64_t s = 0; s < CSS; ++s) {")
@@ -637,6 +660,7 @@ class RowEmitter:
                          for e in p.accesses[k].dims[:len(self.frame_rows(k))])}
         for k in sorted(shared):
             self.w(f"  alignas(64) float sr{k}[{cols}];")
+            self.kernel_var(KernelVar(f"sr{k}", "float", array=True))
             self.w(f"  if (fast) pi_ld_f16_n(in{p.accesses[k].input}, sr{k}, C);")
         self.row_staged |= shared
 

@@ -219,12 +219,13 @@ def error_class(error: str) -> type:
     return {"RuntimeError": RuntimeError}.get(error, IndexError)
 
 
-def index_prologue(p, offsets: list[int]) -> list[str]:
-    """Kernel lines after the pointers: each gather's source sizes and strides along its
-    indexed dims (``gs<k>_<d>``, ``gt<k>_<d>``), then the scan of every index input
-    (``Program.checks``): on the first bad one the kernel stores its number (1-based) in
-    the status output and returns before reading anything through an index."""
-    lines, seen = [], set()
+def index_prologue(e, offsets: list[int]) -> None:
+    """Kernel lines after the pointers (written by the emitter ``e``): each gather's source
+    sizes and strides along its indexed dims (``gs<k>_<d>``, ``gt<k>_<d>``), then the scan
+    of every index input (``Program.checks``): on the first bad one the kernel stores its
+    number (1-based) in the status output and returns before reading anything through an
+    index."""
+    p, seen = e.p, set()
     for x in p.nodes:
         if x.kind != "gather":
             continue
@@ -234,22 +235,23 @@ def index_prologue(p, offsets: list[int]) -> list[str]:
         for d in x.attrs["gdims"]:
             if (k, d) not in seen:
                 seen.add((k, d))
-                lines.append(f"  const int64_t gs{k}_{d} = meta[{o + d}], "
-                             f"gt{k}_{d} = meta[{o + q + d}]; (void)gs{k}_{d};")
+                e.declare_kernel_vars("int64_t", {f"gs{k}_{d}": f"meta[{o + d}]",
+                                                  f"gt{k}_{d}": f"meta[{o + q + d}]"},
+                                      unused=(f"gs{k}_{d}",))
     checks = getattr(p, "checks", [])
     if not checks:
-        return lines
+        return
     status = len(p.input_specs) + len(p.outputs)
-    lines.append(f"  int64_t* status = (int64_t*)ptrs[{status}];")
-    lines.append("  int64_t bad = 0;")
+    e.declare_kernel_vars("int64_t*", {"status": f"(int64_t*)ptrs[{status}]"}, const=False)
+    e.declare_kernel_vars("int64_t", {"bad": "0"}, const=False)
     for i, c in enumerate(checks):
         t = STORAGE[p.input_specs[c.index].dtype]
         q = len(p.input_specs[c.index].shape)
         bound = f"meta[{offsets[c.source] + c.dim}]"
-        lines.append(f"  if (!bad && pi_index_bad<{t}>(in{c.index}, meta + {offsets[c.index]}, "
-                     f"{q}, {bound}, {'true' if c.wrap else 'false'})) bad = {i + 1};")
-    lines += ["  status[0] = bad;", "  if (bad) return;"]
-    return lines
+        e.w(f"  if (!bad && pi_index_bad<{t}>(in{c.index}, meta + {offsets[c.index]}, "
+            f"{q}, {bound}, {'true' if c.wrap else 'false'})) bad = {i + 1};")
+    e.w("  status[0] = bad;")
+    e.w("  if (bad) return;")
 
 
 def iota(start, step, dtype, flat: str, number) -> str:
