@@ -1,11 +1,10 @@
 """A training backward compiled for the layouts the forward really saves
 (lowering/saved_layouts.py): Whisper's front end makes eager's residual stream transposed
 ([B, C, T] in memory); our forward writes it contiguous, and the backward, compiled for
-contiguous saved inputs, copies nothing. Gradients against eager, switch on and off."""
+contiguous saved inputs, copies nothing. Gradients against eager, switches on and off."""
 from __future__ import annotations
 
 import copy
-import weakref
 
 import pytest
 import torch
@@ -67,9 +66,12 @@ def _train_against_eager(monkeypatch, seed, steps, shape, **sizes) -> list:
     return copies
 
 
+@pytest.mark.parametrize("kernel_outputs", [True, False])
 @pytest.mark.parametrize("on", [True, False])
-def test_backward_reads_the_saved_layouts_without_copies(on, monkeypatch):
+def test_backward_reads_the_saved_layouts_without_copies(on, kernel_outputs, monkeypatch):
+    # and the pointwise results' fake values contiguous before lowering, or as traced
     monkeypatch.setattr(saved_layouts, "SAVED_CONTIGUOUS", on)
+    monkeypatch.setattr(saved_layouts, "KERNEL_OUTPUTS_CONTIGUOUS", kernel_outputs)
     copies = _train_against_eager(monkeypatch, 0, 3, (3, 4, 12))
     if on:
         assert copies == []
@@ -83,12 +85,11 @@ def test_a_wrong_guess_is_copied_not_wrong(monkeypatch):
     # copies what arrives in other strides, the gradients hold
     note = saved_layouts.note_forward
 
-    def note_all(fw_metadata, plan, compiled, saved_from):
-        note(fw_metadata, plan, compiled, saved_from)
+    def note_all(fw_metadata, plan, compiled, saved_from, traced):
+        note(fw_metadata, plan, compiled, saved_from, traced)
         if fw_metadata is not None and saved_from is not None:
-            names = {o for o in plan.graph.outputs[saved_from:] if isinstance(o, str)}
-            saved_layouts._written_contiguous[id(fw_metadata)] = (
-                weakref.ref(fw_metadata), names)
+            saved_layouts.note(fw_metadata, {o for o in plan.graph.outputs[saved_from:]
+                                             if isinstance(o, str)})
 
     monkeypatch.setattr(backend, "note_forward", note_all)
     copies = _train_against_eager(monkeypatch, 1, 2, (2, 4, 10), c=8, t=10, layers=1)

@@ -29,6 +29,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..ir import TensorSpec
 
 SAVED_CONTIGUOUS = True  # the benchmarks' switch (read when a graph compiles)
+# likewise: a training graph's pointwise results and copies get contiguous fake values
+# before lowering (what our kernels write), so the kernels reading them are compiled for it
+KERNEL_OUTPUTS_CONTIGUOUS = True
 
 # id(fw_metadata) -> (a weak reference to it, the names of the saved outputs the forward
 # writes contiguous); fw_metadata is an unhashable dataclass
@@ -53,12 +56,21 @@ def _is_contiguous(spec) -> bool:
                for d, s, c in zip(spec.shape, spec.stride, _contiguous_strides(spec.shape)))
 
 
-def note_forward(fw_metadata, plan, compiled, saved_from: int | None) -> None:
+def traced_noncontiguous(gm: fx.GraphModule) -> set[str]:
+    """The names of ``gm``'s outputs whose traced strides are not contiguous (before
+    :func:`restride` makes them what our kernels write)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return {a.name for a in out.all_input_nodes
+            if isinstance(a.meta.get("val"), torch.Tensor) and not a.meta["val"].is_contiguous()}
+
+
+def note_forward(fw_metadata, plan, compiled, saved_from: int | None,
+                 traced: set[str]) -> None:
     """Remember which of a training forward's saved outputs (``saved_from`` on) a native
-    kernel writes fresh and contiguous while the trace gives them other strides."""
+    kernel writes fresh and contiguous while the trace gave them other strides
+    (``traced``: :func:`traced_noncontiguous`)."""
     if not SAVED_CONTIGUOUS or fw_metadata is None or saved_from is None:
         return
-    graph = plan.graph
     written = set()  # the values native inline kernels write fresh (contiguous)
     for tile in plan.tiles:
         kernel = compiled.kernels.get(tile.name)
@@ -68,11 +80,12 @@ def note_forward(fw_metadata, plan, compiled, saved_from: int | None) -> None:
             continue
         writes = getattr(launch, "writes", None) or {}
         written.update(out for j, out in enumerate(tile.outputs) if j not in writes)
-    names = set()
-    for out in graph.outputs[saved_from:]:
-        spec = graph.specs.get(out) if isinstance(out, str) else None
-        if out in written and isinstance(spec, TensorSpec) and not _is_contiguous(spec):
-            names.add(out)
+    note(fw_metadata, {out for out in plan.graph.outputs[saved_from:]
+                       if out in written and out in traced})
+
+
+def note(fw_metadata, names: set[str]) -> None:
+    """Note ``names`` as saved outputs the backward of ``fw_metadata`` gets contiguous."""
     if names:
         key = id(fw_metadata)
         try:
@@ -82,40 +95,72 @@ def note_forward(fw_metadata, plan, compiled, saved_from: int | None) -> None:
         _written_contiguous[key] = (ref, names)
 
 
-def restride_backward(gm: fx.GraphModule, fw_metadata) -> list[str]:
-    """Give the backward ``gm``'s inputs that the forward writes contiguous (note_forward)
-    contiguous strides, and every node's value the strides that follow; the names changed
-    (none: ``gm`` as it was)."""
-    if not SAVED_CONTIGUOUS or fw_metadata is None:
-        return []
-    names = _noted(fw_metadata)
-    if not names:
+_aten = torch.ops.aten
+_COPIES = {_aten.clone.default, _aten._to_copy.default}
+
+
+def _ours(target) -> bool:
+    """An op our kernels compute when it is lowered (its result, once written, contiguous):
+    a pointwise op or a copy, not in place."""
+    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable and (
+        torch.Tag.pointwise in target.tags or target in _COPIES)
+
+
+class _Propagate(fx.Interpreter):
+    """Fake values through the graph; with ``contiguous``, the result of each op of ours
+    (:func:`_ours`) laid out contiguous, as our kernels write it."""
+
+    def __init__(self, gm, contiguous: bool):
+        super().__init__(gm)
+        self.contiguous = contiguous
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if self.contiguous and n.op == "call_function" and _ours(n.target) \
+                and isinstance(out, torch.Tensor) and not out.is_contiguous():
+            out = torch.empty_strided(out.shape, _contiguous_strides(out.shape),
+                                      dtype=out.dtype, device=out.device)
+        if n.op != "output" and "val" in n.meta:
+            n.meta["val"] = out
+        return out
+
+
+def restride(gm: fx.GraphModule, fw_metadata, backward: bool) -> list[str]:
+    """A training graph's fake values made the layouts our code produces, before lowering:
+    a backward's inputs that its forward writes contiguous (note_forward, ``SAVED_CONTIGUOUS``)
+    and, with ``KERNEL_OUTPUTS_CONTIGUOUS``, the results of our pointwise ops and copies;
+    every other value's strides follow. The inputs changed; ``gm`` as it was when nothing
+    changes or the propagation fails."""
+    names = _noted(fw_metadata) if backward and SAVED_CONTIGUOUS and fw_metadata is not None \
+        else set()
+    if not names and not KERNEL_OUTPUTS_CONTIGUOUS:
         return []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     vals = [n.meta.get("val") for n in placeholders]
-    changed = [n for n, v in zip(placeholders, vals) if n.name in names
-               and isinstance(v, torch.Tensor) and not v.is_contiguous()]
     fake_mode = next((getattr(v, "fake_mode", None) for v in vals
                       if getattr(v, "fake_mode", None) is not None), None)
-    if not changed or fake_mode is None:
+    if fake_mode is None:
         return []
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    changed = [n for n, v in zip(placeholders, vals) if n.name in names
+               and isinstance(v, torch.Tensor) and not v.is_contiguous()]
+    if not changed and not KERNEL_OUTPUTS_CONTIGUOUS:
+        return []
     before = {n: n.meta.get("val") for n in gm.graph.nodes}
     inputs = []
-    for n, v in zip(placeholders, vals):
-        if n in changed:
-            with fake_mode:
+    with fake_mode:
+        for n, v in zip(placeholders, vals):
+            if n in changed:
                 v = torch.empty_strided(v.shape, _contiguous_strides(v.shape), dtype=v.dtype,
                                         device=v.device, requires_grad=v.requires_grad)
-        inputs.append(v)
-    try:
-        with fake_mode:
-            FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*inputs)
-    except Exception:  # noqa: BLE001 - the graph stays as traced
-        for n, v in before.items():
-            n.meta["val"] = v
-        return []
+            inputs.append(v)
+        try:
+            _Propagate(gm, KERNEL_OUTPUTS_CONTIGUOUS).run(*inputs)
+        except Exception:  # noqa: BLE001 - the graph stays as traced
+            for n, v in before.items():
+                n.meta["val"] = v
+            return []
     return [n.name for n in changed]
 
 
-__all__ = ["SAVED_CONTIGUOUS", "note_forward", "restride_backward"]
+__all__ = ["KERNEL_OUTPUTS_CONTIGUOUS", "SAVED_CONTIGUOUS", "note", "note_forward", "restride",
+           "traced_noncontiguous"]
