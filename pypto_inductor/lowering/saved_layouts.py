@@ -13,8 +13,8 @@ With ``SAVED_CONTIGUOUS`` the forward's compile notes which saved outputs a nati
 writes (contiguous) where the trace says otherwise, keyed by the pair's ``fw_metadata``
 (the backward compiles later, in the same tracing context); the backward's compile gives
 those inputs (the forward's output nodes and the backward's inputs share their names)
-contiguous strides and propagates them through the graph with FakeTensorProp before
-lowering. Nothing depends on the guess being right: an input of other strides is still
+contiguous strides and re-propagates the graph's fake values (an fx.Interpreter on fake
+tensors) before lowering. Nothing depends on the guess being right: an input of other strides is still
 checked and copied into the strides compiled for (fix_inputs), so a wrong guess costs a
 copy, never a wrong value. Any failure leaves the graph as traced.
 """
@@ -24,14 +24,12 @@ import weakref
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-from ..ir import TensorSpec
 
 SAVED_CONTIGUOUS = True  # the benchmarks' switch (read when a graph compiles)
 # likewise: a training graph's pointwise results and copies get contiguous fake values
-# before lowering (what our kernels write), so the kernels reading them are compiled for it
-KERNEL_OUTPUTS_CONTIGUOUS = True
+# before lowering (what our kernels write), so the kernels reading them are compiled for it.
+# Off: no clear win measured (Whisper +0.2% and +2.6%, T5 -1.2%, docs/benchmarks.md)
+KERNEL_OUTPUTS_CONTIGUOUS = False
 
 # id(fw_metadata) -> (a weak reference to it, the names of the saved outputs the forward
 # writes contiguous); fw_metadata is an unhashable dataclass
@@ -49,11 +47,6 @@ def _contiguous_strides(shape) -> tuple:
         strides.append(n)
         n = n * d
     return tuple(reversed(strides))
-
-
-def _is_contiguous(spec) -> bool:
-    return all(statically_known_true(d == 1) or statically_known_true(s == c)
-               for d, s, c in zip(spec.shape, spec.stride, _contiguous_strides(spec.shape)))
 
 
 def traced_noncontiguous(gm: fx.GraphModule) -> set[str]:
