@@ -31,6 +31,7 @@ from .lowering.conv_layout import compute_channels_last, use_channels_last
 from .lowering.cse import cse
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
+from .lowering.saved_layouts import note_forward, restride, traced_noncontiguous
 from .report import GraphReport, publish
 from .runtime import CompiledGraph, KernelBuildError, unsupported_device
 
@@ -87,6 +88,10 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         if device:
             raise GraphNotLowerable(device)
         compute_channels_last(gm)
+        traced = traced_noncontiguous(gm)
+        if name.endswith(("_forward", "_backward")):  # a training graph: see saved_layouts
+            context = torch._guards.TracingContext.try_get()
+            restride(gm, context and context.fw_metadata, name.endswith("_backward"))
         graph = lower_graph(_cse(gm) if CSE_INFERENCE and name.endswith("_inference") else gm,
                             config, name)
     except GraphNotLowerable as e:
@@ -117,6 +122,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         if name.endswith("_forward") else None
     compiled = CompiledGraph(plan, get_target(config.target), config, eager=gm.forward,
                              saved_from=saved_from)
+    note_forward(context and context.fw_metadata, plan, compiled, saved_from, traced)
     if config.debug_dir:
         _dump(Path(config.debug_dir), gm, plan)
     publish(GraphReport(name, plan, compiled), config, hw)
