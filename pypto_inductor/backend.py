@@ -88,7 +88,7 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         if device:
             raise GraphNotLowerable(device)
         compute_channels_last(gm)
-        traced = traced_noncontiguous(gm)
+        traced = traced_noncontiguous(gm) if name.endswith("_forward") else set()
         if name.endswith(("_forward", "_backward")):  # a training graph: see saved_layouts
             context = torch._guards.TracingContext.try_get()
             restride(gm, context and context.fw_metadata, name.endswith("_backward"))

@@ -94,3 +94,19 @@ def test_a_wrong_guess_is_copied_not_wrong(monkeypatch):
     monkeypatch.setattr(backend, "note_forward", note_all)
     copies = _train_against_eager(monkeypatch, 1, 2, (2, 4, 10), c=8, t=10, layers=1)
     assert copies  # a saved transposed weight: guessed contiguous, copied
+
+
+def test_dynamic_sizes_are_left_as_traced(tol):
+    """Dynamic shapes (symbolic strides) in a training graph: nothing is asked of their
+    layout (it would guard on a size), the steps still match eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TransposedResidual()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="pypto", dynamic=True)
+    for batch in (3, 5):
+        x = torch.randn(batch, 4, 12)
+        loss, grads = _step(model, compiled, x)
+        want, wgrads = _step(ref, ref, x)
+        torch.testing.assert_close(loss, want, **tol(torch.float32))
+        torch.testing.assert_close(grads, wgrads, **tol(torch.float32))

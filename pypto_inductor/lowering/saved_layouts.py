@@ -24,6 +24,7 @@ import weakref
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
 
 SAVED_CONTIGUOUS = True  # the benchmarks' switch (read when a graph compiles)
 # likewise: a training graph's pointwise results and copies get contiguous fake values
@@ -49,12 +50,17 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def _strided(v) -> bool:
+    """``v`` a traced tensor of static sizes and strides that is not contiguous. Symbolic
+    ones are left as traced: asking would guard on a size (or fail, an unbacked one)."""
+    return isinstance(v, torch.Tensor) and not free_symbols(v) and not v.is_contiguous()
+
+
 def traced_noncontiguous(gm: fx.GraphModule) -> set[str]:
     """The names of ``gm``'s outputs whose traced strides are not contiguous (before
     :func:`restride` makes them what our kernels write)."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return {a.name for a in out.all_input_nodes
-            if isinstance(a.meta.get("val"), torch.Tensor) and not a.meta["val"].is_contiguous()}
+    return {a.name for a in out.all_input_nodes if _strided(a.meta.get("val"))}
 
 
 def note_forward(fw_metadata, plan, compiled, saved_from: int | None,
@@ -134,8 +140,7 @@ def restride(gm: fx.GraphModule, fw_metadata, backward: bool) -> list[str]:
                       if getattr(v, "fake_mode", None) is not None), None)
     if fake_mode is None:
         return []
-    changed = [n for n, v in zip(placeholders, vals) if n.name in names
-               and isinstance(v, torch.Tensor) and not v.is_contiguous()]
+    changed = [n for n, v in zip(placeholders, vals) if n.name in names and _strided(v)]
     if not changed and not KERNEL_OUTPUTS_CONTIGUOUS:
         return []
     before = {n: n.meta.get("val") for n in gm.graph.nodes}
