@@ -13,8 +13,8 @@ With ``SAVED_CONTIGUOUS`` the forward's compile notes which saved outputs a nati
 writes (contiguous) where the trace says otherwise, keyed by the pair's ``fw_metadata``
 (the backward compiles later, in the same tracing context); the backward's compile gives
 those inputs (the forward's output nodes and the backward's inputs share their names)
-contiguous strides and re-propagates the graph's fake values (an fx.Interpreter on fake
-tensors) before lowering. Nothing depends on the guess being right: an input of other strides is still
+contiguous strides and re-propagates the graph's fake values (fx's FakeTensorProp) before
+lowering. Nothing depends on the guess being right: an input of other strides is still
 checked and copied into the strides compiled for (fix_inputs), so a wrong guess costs a
 copy, never a wrong value. Any failure leaves the graph as traced.
 """
@@ -24,13 +24,11 @@ import weakref
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
 SAVED_CONTIGUOUS = True  # the benchmarks' switch (read when a graph compiles)
-# likewise: a training graph's pointwise results and copies get contiguous fake values
-# before lowering (what our kernels write), so the kernels reading them are compiled for it.
-# Off: no clear win measured (Whisper +0.2% and +2.6%, T5 -1.2%, docs/benchmarks.md)
-KERNEL_OUTPUTS_CONTIGUOUS = False
 
 # id(fw_metadata) -> (a weak reference to it, the names of the saved outputs the forward
 # writes contiguous); fw_metadata is an unhashable dataclass
@@ -40,14 +38,6 @@ _written_contiguous: dict[int, tuple] = {}
 def _noted(fw_metadata) -> set:
     entry = _written_contiguous.get(id(fw_metadata))
     return entry[1] if entry is not None and entry[0]() is fw_metadata else set()
-
-
-def _contiguous_strides(shape) -> tuple:
-    strides, n = [], 1
-    for d in reversed(shape):
-        strides.append(n)
-        n = n * d
-    return tuple(reversed(strides))
 
 
 def _strided(v) -> bool:
@@ -94,45 +84,14 @@ def note(fw_metadata, names: set[str]) -> None:
         _written_contiguous[key] = (ref, names)
 
 
-_aten = torch.ops.aten
-_COPIES = {_aten.clone.default, _aten._to_copy.default}
-
-
-def _ours(target) -> bool:
-    """An op our kernels compute when it is lowered (its result, once written, contiguous):
-    a pointwise op or a copy, not in place."""
-    return isinstance(target, torch._ops.OpOverload) and not target._schema.is_mutable and (
-        torch.Tag.pointwise in target.tags or target in _COPIES)
-
-
-class _Propagate(fx.Interpreter):
-    """Fake values through the graph; with ``contiguous``, the result of each op of ours
-    (:func:`_ours`) laid out contiguous, as our kernels write it."""
-
-    def __init__(self, gm, contiguous: bool):
-        super().__init__(gm)
-        self.contiguous = contiguous
-
-    def run_node(self, n):
-        out = super().run_node(n)
-        if self.contiguous and n.op == "call_function" and _ours(n.target) \
-                and isinstance(out, torch.Tensor) and not out.is_contiguous():
-            out = torch.empty_strided(out.shape, _contiguous_strides(out.shape),
-                                      dtype=out.dtype, device=out.device)
-        if n.op != "output" and "val" in n.meta:
-            n.meta["val"] = out
-        return out
-
-
 def restride(gm: fx.GraphModule, fw_metadata, backward: bool) -> list[str]:
-    """A training graph's fake values made the layouts our code produces, before lowering:
-    a backward's inputs that its forward writes contiguous (note_forward, ``SAVED_CONTIGUOUS``)
-    and, with ``KERNEL_OUTPUTS_CONTIGUOUS``, the results of our pointwise ops and copies;
-    every other value's strides follow. The inputs changed; ``gm`` as it was when nothing
-    changes or the propagation fails."""
+    """A backward's fake values made the layouts our forward produces, before lowering: its
+    inputs that the forward writes contiguous (note_forward, ``SAVED_CONTIGUOUS``) get
+    contiguous strides, every other value's strides follow (fx's FakeTensorProp). The inputs
+    changed; ``gm`` as it was when nothing changes or the propagation fails."""
     names = _noted(fw_metadata) if backward and SAVED_CONTIGUOUS and fw_metadata is not None \
         else set()
-    if not names and not KERNEL_OUTPUTS_CONTIGUOUS:
+    if not names:
         return []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     vals = [n.meta.get("val") for n in placeholders]
@@ -141,18 +100,19 @@ def restride(gm: fx.GraphModule, fw_metadata, backward: bool) -> list[str]:
     if fake_mode is None:
         return []
     changed = [n for n, v in zip(placeholders, vals) if n.name in names and _strided(v)]
-    if not changed and not KERNEL_OUTPUTS_CONTIGUOUS:
+    if not changed:
         return []
     before = {n: n.meta.get("val") for n in gm.graph.nodes}
     inputs = []
     with fake_mode:
         for n, v in zip(placeholders, vals):
             if n in changed:
-                v = torch.empty_strided(v.shape, _contiguous_strides(v.shape), dtype=v.dtype,
-                                        device=v.device, requires_grad=v.requires_grad)
+                v = torch.empty_strided(v.shape, make_contiguous_strides_for(v.shape),
+                                        dtype=v.dtype, device=v.device,
+                                        requires_grad=v.requires_grad)
             inputs.append(v)
         try:
-            _Propagate(gm, KERNEL_OUTPUTS_CONTIGUOUS).run(*inputs)
+            FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
         except Exception:  # noqa: BLE001 - the graph stays as traced
             for n, v in before.items():
                 n.meta["val"] = v
@@ -160,5 +120,5 @@ def restride(gm: fx.GraphModule, fw_metadata, backward: bool) -> list[str]:
     return [n.name for n in changed]
 
 
-__all__ = ["KERNEL_OUTPUTS_CONTIGUOUS", "SAVED_CONTIGUOUS", "note", "note_forward", "restride",
+__all__ = ["SAVED_CONTIGUOUS", "note", "note_forward", "restride",
            "traced_noncontiguous"]
