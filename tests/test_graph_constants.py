@@ -253,3 +253,25 @@ def test_unbindable_size_symbol_names_its_node(tol):
     torch.testing.assert_close(out, f(x), **tol(torch.float32))
     (graph,) = [g.to_dict() for g in graphs]
     assert "nonzero" in graph["eager_reason"]
+
+
+def test_unbacked_size_training_asserts_its_size_predicates(tol):
+    """The backward of a graph with an unbacked size gets the size as an input and asserts
+    its range (``_assert_scalar(u0 >= 0)``): the predicate is a size expression, evaluated in
+    the compiled backward (it once reached the assert as None and raised)."""
+    def f(w, x):
+        return (w * x)[torch.nonzero(x > 0, as_tuple=True)].pow(2).sum()
+
+    w = torch.randn(8, 16, requires_grad=True)
+    x = torch.randn(8, 16)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), collect() as graphs, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the forward runs eagerly, with its reason
+        out = torch.compile(f, backend="pypto")(w, x)
+        (g,) = torch.autograd.grad(out, w)
+    ref = f(w, x)
+    (ref_g,) = torch.autograd.grad(ref, w)
+    torch.testing.assert_close(out, ref, **tol(torch.float32))
+    torch.testing.assert_close(g, ref_g, **tol(torch.float32))
+    backward = [d for d in (gr.to_dict() for gr in graphs) if d["name"].endswith("_backward")]
+    assert backward and "eager_reason" not in backward[0], backward

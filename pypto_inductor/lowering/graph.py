@@ -275,6 +275,9 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return size_expr(val)  # size arithmetic: recomputed from the input sizes at run time
+    if isinstance(val, torch.SymBool):
+        # a size predicate (the argument of a runtime size assert): printed like a size
+        return sym_expr(val)
     if isinstance(val, torch.SymFloat):
         # float size arithmetic (var's backward scale 2 / (numel - correction), a dynamic
         # correction): also a size expression, printed with sym_float / FloatTrueDiv
