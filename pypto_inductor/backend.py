@@ -20,7 +20,7 @@ from functorch.compile import make_boxed_func
 from . import graph_cache, precompile, training_cache
 from .calibrate import hardware_model
 from .codegen import get_target
-from .config import Config, ConfigError, parse_options
+from .config import Config, ConfigError, check_mode, parse_options
 from .fusion import plan_cache, plan_fusion
 from .fusion import Decision, RoiEstimate
 from .ir import ExternOp
@@ -175,8 +175,9 @@ def _cse(gm: fx.GraphModule) -> fx.GraphModule:
     return cse(gm)
 
 
-def pypto_backend(gm: fx.GraphModule, example_inputs, options=None):
+def pypto_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None):
     """The Dynamo backend registered as "pypto"."""
+    check_mode(mode)
     config = parse_options(options)
     get_target(config.target)  # fail early, with a clear message, if the target is unusable
     saving = precompile.requested()  # inside aot_compile: the result must serialize

@@ -135,6 +135,19 @@ def _normalise_op_name(key: str, name: Any) -> str:
     return name
 
 
+# torch.compile's mode= names. None changes what pypto does: CUDA graphs ("reduce-overhead")
+# do not exist on the CPU, and our kernels are tuned when built ("max-autotune"; the
+# simulator's tile tuning is the `autotune` option). Accepted so that switching a
+# torch.compile call's backend to "pypto" keeps working.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_mode(mode: str | None) -> None:
+    """Validate ``torch.compile(..., mode=...)`` (it reaches the backend as a keyword)."""
+    if mode is not None:
+        _choice("mode", mode, COMPILE_MODES)
+
+
 def parse_options(options: Mapping[str, Any] | Config | None) -> Config:
     """Turn a user's options dict into a validated :class:`Config`."""
     if options is None:

@@ -68,6 +68,24 @@ def test_bad_value_names_key_and_valid_values(key, value, expected):
         assert text in msg, msg
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune",
+                                  "max-autotune-no-cudagraphs"])
+def test_torch_compile_modes_run(mode, tol):
+    """torch.compile hands mode= to the backend: Inductor's mode names are accepted."""
+    torch._dynamo.reset()
+    x = torch.randn(4, 16)
+    out = torch.compile(_chain, backend="pypto", mode=mode)(x)
+    torch.testing.assert_close(out, _chain(x), **tol(torch.float32))
+
+
+def test_unknown_torch_compile_mode_names_valid_modes():
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(_chain, backend="pypto", mode="fastest")(torch.randn(4, 16))
+    msg = " ".join(str(e) for e in _causes(info.value))
+    assert "'mode'" in msg and "'max-autotune'" in msg, msg
+
+
 def test_good_options_parse():
     cfg = parse_options({"target": "reference", "capacity_bytes": 4096, "roi_threshold": 2,
                          "fallback_ops": "aten.gelu", "report_path": None, "buffering": 3})
