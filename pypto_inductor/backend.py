@@ -73,11 +73,23 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
     graph for graph_cache) only when graph_cache may store it.
     An unexpected exception makes the graph run eagerly (:func:`_unexpected`)."""
     name = f"g{next(_graph_ids)}_{kind}"
+    if kind == "backward":
+        _donate_nothing()
     try:
         return _compile_graph(gm, config, name, attention, convs, record)
     except Exception as e:  # noqa: BLE001 - see _unexpected
         _unexpected(f"graph {name}", e, config)
         return make_boxed_func(gm.forward)
+
+
+def _donate_nothing() -> None:
+    """Tell AOTAutograd that this backward reuses no saved tensor's storage (Inductor's
+    may, torch then forbids ``retain_graph``). Ours never does (its buffer pool takes only
+    buffers nothing else references), so ``backward(retain_graph=True)`` stays legal even
+    when the backward compiled with the forward (training_cache's non-lazy mode)."""
+    context = torch._guards.TracingContext.try_get()
+    if context is not None and context.fw_metadata is not None:
+        context.fw_metadata.bw_donated_idxs = []
 
 
 def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None,

@@ -296,3 +296,28 @@ def test_random_ops_draw_what_eager_draws(name, fn):
         out = compiled(x)
     torch.manual_seed(3)
     torch.testing.assert_close(out, fn(x), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), 0, 3, 0.5])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (-1, True), ((0, 2), False)])
+def test_vector_norm_is_lowered_and_matches_eager(ord, dim, keepdim, dtype, tol):
+    """linalg_vector_norm (weight norm, gradient clipping, CLIP's normalisation) is decomposed
+    into tile ops (abs, pow, sum, sqrt) rather than run as an extern op."""
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.linalg.vector_norm(x, ord=ord, dim=dim, keepdim=keepdim) * 2
+
+    x = torch.randn(3, 4, 5, dtype=dtype, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    with collect() as graphs:
+        out = torch.compile(f, backend="pypto")(x)
+        grads = torch.autograd.grad(out.sum(), x) if ord != 0 else ()
+    ref = f(x_ref)
+    ref_grads = torch.autograd.grad(ref.sum(), x_ref) if ord != 0 else ()
+    torch.testing.assert_close(out, ref, **tol(dtype))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, **tol(dtype))
+    for graph in graphs:
+        assert "aten.linalg_vector_norm.default" not in graph.to_dict().get("fallback_ops", {})

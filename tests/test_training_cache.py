@@ -119,3 +119,30 @@ def test_real_model_training_step_from_the_cache_matches_eager(caches, name):
         if seed == 1:
             stored = counters["aot_autograd"]["autograd_cache_saved"]
     assert stored >= 1 and training_cache.stats["loaded"] == 2 * stored  # forwards, backwards
+
+
+def _retained_backward_twice():
+    """backward(retain_graph=True) then backward(): each gradient twice eager's one."""
+    torch._dynamo.reset()
+    model, ref = _model(), _model()
+    x = torch.randn(6, 16)
+    loss = torch.compile(model, backend="pypto")(x).pow(2).mean()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    ref(x).pow(2).mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, 2 * q.grad, atol=1e-5, rtol=1.3e-5)
+
+
+def test_retain_graph_with_the_backward_compiled_with_the_forward(caches):
+    """The cache compiles the backward with the forward (not at the first backward, where
+    AOTAutograd would learn of retain_graph): it must not be marked as reusing saved
+    tensors, or torch refuses retain_graph. Cold, then loaded from the cache."""
+    _retained_backward_twice()
+    _retained_backward_twice()
+    assert training_cache.stats["loaded"] == 2
+
+
+def test_retain_graph_without_the_cache(monkeypatch):
+    monkeypatch.setenv("PYPTO_INDUCTOR_GRAPH_CACHE", "0")
+    _retained_backward_twice()

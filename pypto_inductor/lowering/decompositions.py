@@ -50,6 +50,7 @@ _EXTRA = [
     aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit_no_training,
     aten.native_group_norm,
+    aten.linalg_vector_norm,
 ]
 
 
