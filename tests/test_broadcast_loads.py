@@ -1,5 +1,5 @@
 """The fast path of a row kernel reads a column-broadcast input (a LayerNorm's mean and rstd
-per row, a softmax's row max) once before its column loop (emit_rows.HOIST_BROADCAST_LOADS):
+per row, a softmax's row max) once before its column loop (row_loop.HOIST_BROADCAST_LOADS):
 inside the loop GCC's PRE reloaded it in the latch and the loop stopped vectorising (the
 one-thread serial copy of LayerNorm's backward, with its column sums: 65 -> 17 us a call at
 512 x 64). Same bits with the switch on and off, at one and two threads (fp32 and bf16), and
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor.codegen.cpp import emit_rows
+from pypto_inductor.codegen.cpp import row_loop
 
 # a fast-path load of a column-broadcast access, still inside a column loop
 IN_LOOP_BROADCAST = re.compile(r"^ {8}const \w+ v\d+ = .*in\d+\[b\d+ \+ 0\]", re.M)
@@ -54,11 +54,11 @@ def _run(fn, args, threads, dtype, compiled=True):
 @pytest.mark.parametrize("fn", [_ln_residual, _cross_entropy], ids=["layer_norm", "cross_entropy"])
 def test_hoisted_broadcast_loads_same_bits_and_eager_values(fn, dtype, sources, monkeypatch):
     args, dtype = _inputs(fn, dtype, torch.Generator().manual_seed(16))
-    monkeypatch.setattr(emit_rows, "HOIST_BROADCAST_LOADS", False)
+    monkeypatch.setattr(row_loop, "HOIST_BROADCAST_LOADS", False)
     off = {nt: _run(fn, args, nt, dtype) for nt in (1, 2)}
     before = sum(len(IN_LOOP_BROADCAST.findall(s)) for s in sources)
     sources.clear()
-    monkeypatch.setattr(emit_rows, "HOIST_BROADCAST_LOADS", True)
+    monkeypatch.setattr(row_loop, "HOIST_BROADCAST_LOADS", True)
     on = {nt: _run(fn, args, nt, dtype) for nt in (1, 2)}
     after = sum(len(IN_LOOP_BROADCAST.findall(s)) for s in sources)
     # LayerNorm: none left; cross-entropy: fewer (pointwise kernels' loops are not row loops)

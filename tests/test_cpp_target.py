@@ -294,9 +294,9 @@ def test_long_row_sums_in_vector_lanes(dtype, built, tol):
         check(fn, rand(6, cols, dtype=dtype) * 3 + 1, rand(cols, dtype=dtype),
               rand(cols, dtype=dtype), built=built, **tol(dtype))
     sources = [cpp.generate_source(k.program) for _, k in built if k.native]
-    lanes = cpp.emit_rows.LONG_VECTOR_LANES
+    lanes = cpp.row_sums.LONG_VECTOR_LANES
     # the lanes' partial sums: a loop over a lane array (LANE_LOOP), or named variables
-    lane_sum = f"_v[{lanes}] = {{}};" if cpp.emit_rows.LANE_LOOP else f"_s{lanes - 1} +="
+    lane_sum = f"_v[{lanes}] = {{}};" if cpp.row_sums.LANE_LOOP else f"_s{lanes - 1} +="
     assert sources and all(lane_sum in src for src in sources)
     for src in sources:  # no float sum runs in the 4-part split (only the double redos)
         assert not any(line.strip().startswith("float acc") and "_1 = " in line

@@ -6,7 +6,7 @@ compiled with the host's flags and with the vector ISAs switched off, and compar
 for bit with torch's conversions: every half, the midpoints between halves (ties round
 to even), overflow near 65520, float subnormals, NaN, infinities and -0.0, at lengths
 that leave vector tails. Then whole kernels whose fast path stages fp16 rows in float
-blocks (emit_rows.STAGE): odd lengths, several blocks, transposed and sliced inputs,
+blocks (half_staging.STAGE): odd lengths, several blocks, transposed and sliced inputs,
 column cats, special values, in place.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen.cpp import compiler as cpp_build
-from pypto_inductor.codegen.cpp import emit_rows
+from pypto_inductor.codegen.cpp import half_staging
 from pypto_inductor.codegen.cpp.prelude import PRELUDE
 
 HARNESS = PRELUDE + r"""
@@ -208,7 +208,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("cols", [1, 15, 17, 1000, 1027, 2 * emit_rows.STAGE + 33])
+@pytest.mark.parametrize("cols", [1, 15, 17, 1000, 1027, 2 * half_staging.STAGE + 33])
 @pytest.mark.parametrize("case", list(CASES))
 def test_staged_rows_match_eager(case, cols, sources):
     """Row lengths below one vector, with tails, and over several staging blocks (where a
@@ -261,7 +261,7 @@ def test_column_cat_and_in_place(sources):
 
 def test_staging_switch(monkeypatch, sources):
     """STAGE_HALF off: the same kernels convert element by element, same results."""
-    monkeypatch.setattr(emit_rows, "STAGE_HALF", False)
+    monkeypatch.setattr(half_staging, "STAGE_HALF", False)
     _check(CASES["layernorm"], _h(4, 300), _h(300), _h(300), sources=sources, staged=False)
 
 
@@ -311,10 +311,10 @@ def test_dynamic_sizes_and_two_threads(sources):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("cols", [1, 15, 17, 1027, 2 * emit_rows.STAGE + 33])
+@pytest.mark.parametrize("cols", [1, 15, 17, 1027, 2 * half_staging.STAGE + 33])
 def test_split_roundings_match_unsplit(cols, dtype, monkeypatch, sources):
     """A staged fp16 loop with a math call computes each rounded intermediate in a loop of
-    its own, rounded in place by pi_rnd_f16_n (emit_rows.SPLIT_ROUNDINGS): the same bits
+    its own, rounded in place by pi_rnd_f16_n (half_staging.SPLIT_ROUNDINGS): the same bits
     as rounding inline, and eager's values. silu(x * w + b) (each block rewritten in place
     by the next loop, the first in x's staged block), and a chain whose first intermediate
     the last loop reads again (a block kept while another is written), with special values
@@ -330,10 +330,10 @@ def test_split_roundings_match_unsplit(cols, dtype, monkeypatch, sources):
         split, _ = _check(fn, x, w, b, sources=sources, staged=dtype == torch.float16)
         mark = "pi_rnd_f16_n(s" if dtype == torch.float16 else "sh0[c - cs] = rnd_bf16("
         assert any(mark in src for src in sources)  # a staged or own block
-        monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", False)
+        monkeypatch.setattr(half_staging, "SPLIT_ROUNDINGS", False)
         torch._dynamo.reset()
         inline, _ = _check(fn, x, w, b)
-        monkeypatch.setattr(emit_rows, "SPLIT_ROUNDINGS", True)
+        monkeypatch.setattr(half_staging, "SPLIT_ROUNDINGS", True)
         torch._dynamo.reset()
         for a, b_ in zip(split if isinstance(split, tuple) else (split,),
                          inline if isinstance(inline, tuple) else (inline,)):

@@ -1,5 +1,5 @@
-"""A row's float sums with their order written out (emit_rows.vector_lanes) as an ``omp simd``
-loop over the 16 lanes into an array of partial sums (emit_rows.LANE_LOOP), instead of 16
+"""A row's float sums with their order written out (row_sums.vector_lanes) as an ``omp simd``
+loop over the 16 lanes into an array of partial sums (row_sums.LANE_LOOP), instead of 16
 named partial sums each with its own copy of the summed value's code: each lane adds the
 same columns in the same order, so every row kernel, forward and backward, gives the same
 bits with the switch on and off, and eager's values. Rows shorter than, not a multiple of,
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor.codegen.cpp import emit_rows
+from pypto_inductor.codegen.cpp import row_sums
 from same_bits import compiled_with_grads, same_bits, with_grads
 
 
@@ -51,11 +51,11 @@ def test_lane_loop_gives_the_same_bits(case, cols, sources, monkeypatch):
     with torch.no_grad():
         ref_out = fn(*args)
     grad_out = torch.randn(ref_out.shape, generator=torch.Generator().manual_seed(1))
-    monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
+    monkeypatch.setattr(row_sums, "LANE_LOOP", False)
     off = compiled_with_grads(fn, args, grad_out)
     named = any("_s15 += " in s or "_s15 = PI_FMA" in s for s in sources)
     sources.clear()
-    monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
+    monkeypatch.setattr(row_sums, "LANE_LOOP", True)
     on = compiled_with_grads(fn, args, grad_out)
     looped = any("_v[l] += " in s or "_v[l] = PI_FMA" in s for s in sources)
     assert named == looped  # a kernel with the written-out order had it both ways
@@ -75,9 +75,9 @@ def test_lane_loop_half_types(dtype, monkeypatch):
     """fp16 rows staged into float blocks, bf16 not: the same bits either way."""
     args = inputs(300, dtype, seed=5)
     grad_out = torch.randn(12, 300, generator=torch.Generator().manual_seed(2)).to(dtype)
-    monkeypatch.setattr(emit_rows, "LANE_LOOP", False)
+    monkeypatch.setattr(row_sums, "LANE_LOOP", False)
     off = compiled_with_grads(layer_norm, args, grad_out)
-    monkeypatch.setattr(emit_rows, "LANE_LOOP", True)
+    monkeypatch.setattr(row_sums, "LANE_LOOP", True)
     on = compiled_with_grads(layer_norm, args, grad_out)
     for k, (a, b) in enumerate(zip(on, off)):
         same_bits(a, b, f"{dtype} result {k}: LANE_LOOP on vs off")

@@ -64,7 +64,7 @@ def _per_sample_scale(x, s, w):  # an input broadcast over H, W but not over N a
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["odd", "hw1", "long"])
 def test_inputs_broadcast_along_the_inner_run(shape, run_both, built, threads):
-    # read once per pass, before the run's loop (emit_rows.HOIST_BROADCAST_LOADS): at the
+    # read once per pass, before the run's loop (row_loop.HOIST_BROADCAST_LOADS): at the
     # pass's outer index, not the first sample's (ResNet's conv weight gradients were wrong)
     n, c = shape[:2]
     for nt in (1, 2):

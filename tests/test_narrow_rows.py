@@ -1,5 +1,5 @@
 """Pointwise kernels whose rows are a few (constant) columns run blocks of rows per work item
-(emit_rows.NARROW_ROWS): T5's masked position bias where(mask[B,1,S,S], bias[S,S,H] viewed
+(narrow_rows.NARROW_ROWS): T5's masked position bias where(mask[B,1,S,S], bias[S,S,H] viewed
 [1,H,S,S], min) is computed heads-last, [B,S,S,H] rows of H = 4 (206 -> 77 us a call, one
 thread; docs/benchmarks.md). The new loop is taken (the switch off: it is not) and gives
 eager's values: bit for bit for selects and exact pointwise ops, at one and two threads;
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pypto_inductor.codegen.cpp import emit_rows
+from pypto_inductor.codegen.cpp import narrow_rows
 
 NARROW_LOOP = "NJB"  # the narrow kernel's count of row blocks per outer index
 
@@ -47,14 +47,14 @@ def _compiled(fn, args, threads):
 
 
 def _loop_taken_and_bit_exact(switch, fn, args, sources, monkeypatch):
-    """emit_rows.<switch> off: no narrow loop; on: the narrow loop, at one and two threads;
+    """narrow_rows.<switch> off: no narrow loop; on: the narrow loop, at one and two threads;
     each gives eager's values bit for bit, in eager's layout."""
     want = fn(*args)
-    monkeypatch.setattr(emit_rows, switch, False)
+    monkeypatch.setattr(narrow_rows, switch, False)
     off = _compiled(fn, args, 1)
     assert sources and not any(NARROW_LOOP in s for s in sources)
     sources.clear()
-    monkeypatch.setattr(emit_rows, switch, True)
+    monkeypatch.setattr(narrow_rows, switch, True)
     on = {nt: _compiled(fn, args, nt) for nt in (1, 2)}
     assert any(NARROW_LOOP in s for s in sources)
     torch.testing.assert_close(off, want, rtol=0, atol=0)
@@ -76,7 +76,7 @@ def test_narrow_rows_not_taken_for_a_strided_column_read(sources, monkeypatch):
     g = torch.Generator().manual_seed(19)
     x = torch.randn(3, 50, 20, 8, generator=g)[..., ::2]  # column stride 2
     y = torch.randn(50, 1, 4, generator=g)
-    monkeypatch.setattr(emit_rows, "NARROW_ROWS", True)
+    monkeypatch.setattr(narrow_rows, "NARROW_ROWS", True)
     out = _compiled(_add_broadcast, (x, y), 1)
     assert sources and not any(NARROW_LOOP in s for s in sources)
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
@@ -96,7 +96,7 @@ def test_masked_bias_attention_training_matches_eager(threads, sources, monkeypa
     qkv = [torch.randn(B, H, S, d, generator=g) for _ in range(3)]
     mask = torch.rand(B, 1, S, S, generator=g) > 0.2
     emb = torch.randn(S, S, H, generator=g)
-    monkeypatch.setattr(emit_rows, "NARROW_ROWS", True)
+    monkeypatch.setattr(narrow_rows, "NARROW_ROWS", True)
     torch._dynamo.reset()
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

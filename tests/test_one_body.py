@@ -1,5 +1,5 @@
 """Row and column kernels written smaller for g++ (emit_rows.ONE_BODY: the loop over work items
-once, for the parallel and the serial branch; emit_rows.COMPACT_FALLBACK: the generic path
+once, for the parallel and the serial branch; row_loop.COMPACT_FALLBACK: the generic path
 beside a fast one in scalar loops). Each kernel of a LayerNorm / RMSNorm training step, a
 softmax and a middle-dim sum (emit_columns) is built with the switch off and on and called
 directly on contiguous inputs (the fast path) and on strided ones (the generic path: the
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor.codegen import cpp
-from pypto_inductor.codegen.cpp import emit_rows
+from pypto_inductor.codegen.cpp import emit_rows, row_loop
 from same_bits import same_bits
 
 ROWS, COLS = 96, 400  # 38400 elements: over PARALLEL_MIN, so a kernel has both branches
@@ -83,9 +83,10 @@ def _call(kernel, inputs, threads: int) -> list:
 def test_smaller_source_same_bits(switch, case, dtype, built, monkeypatch):
     fn = CASES[case]
     train = case != "middle_sum"
-    monkeypatch.setattr(emit_rows, switch, False)
+    module = emit_rows if switch == "ONE_BODY" else row_loop  # where the switch is read
+    monkeypatch.setattr(module, switch, False)
     off = _build(fn, dtype, built, train)
-    monkeypatch.setattr(emit_rows, switch, True)
+    monkeypatch.setattr(module, switch, True)
     on = _build(fn, dtype, built, train)
     assert len(on) == len(off) > 0
     assert sum(len(s) for _, s in on) < sum(len(s) for _, s in off)

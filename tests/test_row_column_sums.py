@@ -1,5 +1,5 @@
 """Column sums computed by a row kernel over its rows (fusion.capacity.row_column_sums,
-emit_rows.column_sum_runs): bias and LayerNorm weight gradients in the LayerNorm
+row_column_sums.column_sum_runs): bias and LayerNorm weight gradients in the LayerNorm
 backward's kernel. Bit for bit the unfused column-sum kernel's sums (same 16-row runs,
 same double totals, same split between threads), and eager's within dtype tolerances."""
 from __future__ import annotations

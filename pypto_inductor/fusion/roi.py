@@ -156,7 +156,7 @@ class CostModel:
 
     def column_partial_bytes(self, sums: list[TileOp]) -> int:
         """Bytes a kernel writes and reads back for column sums ``sums`` over its rows:
-        an fp32 partial per column per run of COLUMN_RUN rows (codegen/cpp emit_rows)."""
+        an fp32 partial per column per run of COLUMN_RUN rows (codegen/cpp row_column_sums)."""
         total = 0
         for op in sums:
             shape = self.graph.specs[op.args[0]].shape

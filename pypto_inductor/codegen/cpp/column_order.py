@@ -1,6 +1,6 @@
 """The order in which column sums add their rows: one module for the column-sum kernel
 (emit_columns) and for row kernels that also sum columns over their rows
-(emit_rows.column_sum_runs), so both add the same partials and their sums are the same
+(row_column_sums.column_sum_runs), so both add the same partials and their sums are the same
 bits."""
 
 ROWS_PER_BLOCK = 1024  # most kept elements a work item reduces at once (4 KiB of fp32 sums)

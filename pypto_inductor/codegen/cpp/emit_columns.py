@@ -404,7 +404,7 @@ class ColumnEmitter(RowEmitter):
             reds = self.reductions(stage)
             self.init(reds)
             done = [o for o in outs if self.stage[o[1].id] < stage]
-            # conditional reductions only (see emit_rows): the pass runs when a row of the
+            # conditional reductions only (see row_sums): the pass runs when a row of the
             # block needs it
             when = not done and all(x.attrs.get("when") for x in reds)
             if when:
@@ -449,7 +449,7 @@ class ColumnEmitter(RowEmitter):
                 continue
             w(f"     for (int64_t c = {lo}; c < {hi}; ++c) {{")
             self.offsets("      ", merged=True)
-            # fp16 columns of the block through float buffers (emit_rows.STAGE_HALF)
+            # fp16 columns of the block through float buffers (half_staging.STAGE_HALF)
             ins, souts = self.staging([x for x in deps if x.level == "col"
                                        and (x.kind != "load"
                                             or self.p.accesses[x.attrs["access"]].col)],

@@ -204,7 +204,7 @@ class IndexingMixin:
 
 
 def gather_address(x, var, col_offset: str | None) -> str:
-    """The address expression of a gather node (see ``emit_rows.RowEmitter.define``)."""
+    """The address expression of a gather node (see ``row_loop.RowLoop.define``)."""
     k = x.attrs["access"]
     terms = [f"b{k}"] + ([col_offset] if col_offset is not None else [])
     for a, d in zip(x.args, x.attrs["gdims"]):

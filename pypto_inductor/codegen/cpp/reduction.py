@@ -356,7 +356,7 @@ class ReductionAnalysis:
         ss = self.reduce("sum", self.expr("col", "({0} * {0})", dev))
         redo = self.shared("expr", "row", (ss,), torch.bool, fmt="(!std::isfinite({0}))")
         wdev = self.wexpr("col", "({0} - {1})", x, mean)
-        # args[1]: the row condition of a pass that runs only where it holds (emit_rows)
+        # args[1]: the row condition of a pass that runs only where it holds (row_sums)
         wss = self.shared("reduce", "row", (self.wexpr("col", "({0} * {0})", wdev), redo),
                           torch.float64, red="sum", when=True)
         ss = self.wexpr("row", "({2} ? {1} : {0})", ss, wss, redo)
