@@ -47,6 +47,10 @@ ENABLED = True  # the benchmark's switch for the "before" form
 # the NCHW-order reduction strides by C through memory (pool + Linear head at 4x64x32x32,
 # compiled: 377 -> 60 us; docs/benchmarks.md "Conv nets, eval: where the time goes")
 POOL_NHWC = True
+# the residual add and the ReLU as oneDNN post-ops (True) or left to the pointwise kernels
+# after the convolution (False): the A/B of "post-ops cost more per call than a fused pass"
+FUSE_ADD = True
+FUSE_RELU = True
 _POOL = {F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d}
 _MEAN = {torch.mean, "mean"}
 
@@ -250,7 +254,8 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
             bn = bn_args + [float(eps)]
             chain.append(nxt)
             nxt = _only_user(nxt)
-    if (nxt is not None and nxt.target in _ADD and len(nxt.args) == 2 and not nxt.kwargs):
+    if (FUSE_ADD and nxt is not None and nxt.target in _ADD and len(nxt.args) == 2
+            and not nxt.kwargs):
         a, c = nxt.args
         o = c if a is chain[-1] else a if c is chain[-1] else None
         ov, yv = _val(o), _val(chain[-1])
@@ -260,7 +265,7 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
             other = o
             chain.append(nxt)
             nxt = _only_user(nxt)
-    if nxt is not None and nxt.target in _RELU and nxt.args[0] is chain[-1]:
+    if FUSE_RELU and nxt is not None and nxt.target in _RELU and nxt.args[0] is chain[-1]:
         act = "relu"
         chain.append(nxt)
     if len(chain) == 1:
