@@ -68,6 +68,7 @@ CASES = {
     "residual_relu": dict(residual=True),
     "residual_no_act": dict(residual=True, act=False),
     "relu_no_bn": dict(bn=False, bias=True),
+    "groups_residual_relu": dict(groups=2, residual=True),
 }
 
 
