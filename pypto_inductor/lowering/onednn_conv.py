@@ -87,9 +87,12 @@ class DirectConv:
         return y
 
     def __del__(self):
-        if self._handle:
-            self._lib.pconv_destroy(self._handle)
-            self._handle = None
+        handle, self._handle = self._handle, None
+        if handle:
+            try:
+                self._lib.pconv_destroy(handle)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to free into
+                pass
 
 
 def make(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride, padding,
