@@ -27,12 +27,16 @@ SHAPES = [(2, 16, 16, 16, 16, 3, 1, 1, 1, 1), (4, 3, 32, 32, 16, 3, 1, 1, 1, 1),
 @pytest.mark.parametrize("act,add,bias", [("relu", False, True), ("none", False, True),
                                           ("relu", True, True), ("none", True, False),
                                           ("relu", False, False)])
+@pytest.mark.parametrize("layout", ["channels_last", "nchw", "strided"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_direct_conv_matches_eager(shape, act, add, bias, dtype):
+def test_direct_conv_matches_eager(shape, layout, act, add, bias, dtype):
     n, c, h, w, o, k, s, p, d, g = shape
     gen = torch.Generator().manual_seed(sum(shape))
-    x = torch.randn(n, c, h, w, generator=gen).to(dtype).contiguous(
-        memory_format=torch.channels_last)
+    x = torch.randn(n, c, h, w, generator=gen).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":  # neither layout: converted first
+        x = torch.randn(n, c, h, 2 * w, generator=gen).to(dtype)[..., ::2]
     wt = torch.randn(o, c // g, k, k, generator=gen).to(dtype)
     b = torch.randn(o, generator=gen).to(dtype) if bias else None
     ref = F.conv2d(x, wt, b, s, p, d, g)

@@ -88,7 +88,6 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
                    groups, act, site):
     """The op's body. The compiled graph calls this directly: a Python custom op's own
     dispatch costs ~50 us a call, as much as a small convolution."""
-    x = x.contiguous(memory_format=torch.channels_last)
     hit = _FOLDED.get(site)
     # the versions written out, not through _versions: this check runs every call (~10 a
     # ResNet forward), and the generator and call were half of its ~4 us
@@ -102,10 +101,11 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
             or hit[7] != x.shape):
         hit = _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
                     groups, act, other is not None)
-    if hit[11] is not None:
+    if hit[11] is not None:  # takes x as it is
         if other is not None:
             other = other.contiguous(memory_format=torch.channels_last)
         return hit[11](x, other)
+    x = x.contiguous(memory_format=torch.channels_last)
     w, b = hit[8], hit[9]
     if hit[10]:
         unary, binary = hit[10]  # the resolved overloads: no OpOverloadPacket dispatch

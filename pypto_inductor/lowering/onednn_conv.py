@@ -29,6 +29,9 @@ import torch
 
 ONEDNN_DIR_ENV = "PYPTO_INDUCTOR_ONEDNN_DIR"
 _SOURCE = Path(__file__).with_name("csrc") / "onednn_conv.cpp"
+# an NCHW-contiguous input (a net's image) reordered by oneDNN inside the call, not copied
+# by ATen before it (4x3x32x32: ATen's copy has an inner dim of 3)
+NCHW_INPUT_REORDER = True
 _lib: list = []  # [the loaded library or None], once per process
 
 
@@ -58,7 +61,7 @@ def library() -> ctypes.CDLL | None:
             lib.pconv_packed_weight_bytes.argtypes = [ctypes.c_void_p]
             lib.pconv_pack_weight.argtypes = [ctypes.c_void_p] * 3
             lib.pconv_pack_weight.restype = None
-            lib.pconv_run.argtypes = [ctypes.c_void_p] * 6
+            lib.pconv_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
             lib.pconv_run.restype = None
             lib.pconv_destroy.argtypes = [ctypes.c_void_p]
             lib.pconv_destroy.restype = None
@@ -67,8 +70,9 @@ def library() -> ctypes.CDLL | None:
 
 
 class DirectConv:
-    """``y = act(conv(x, w) + b [+ other])`` for one input shape; ``x`` and ``other``
-    channels-last contiguous, ``y`` channels-last."""
+    """``y = act(conv(x, w) + b [+ other])`` for one input shape; ``x`` any layout (NCHW-
+    contiguous goes through oneDNN's reorder), ``other`` channels-last contiguous, ``y``
+    channels-last."""
 
     def __init__(self, lib, handle, packed, bias, out_shape, dtype):
         self._lib, self._handle = lib, handle
@@ -81,8 +85,12 @@ class DirectConv:
         self._dtype = dtype
 
     def __call__(self, x: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
+        nhwc = x.is_contiguous(memory_format=torch.channels_last)
+        nchw = not nhwc and NCHW_INPUT_REORDER and x.is_contiguous()
+        if not (nhwc or nchw):
+            x = x.contiguous(memory_format=torch.channels_last)
         y = torch.empty_strided(self._shape, self._strides, dtype=self._dtype)
-        self._run(self._handle, x.data_ptr(), self._w, self._b,
+        self._run(self._handle, x.data_ptr(), nchw, self._w, self._b,
                   None if other is None else other.data_ptr(), y.data_ptr())
         return y
 

@@ -23,6 +23,8 @@ struct Conv {
   dnnl::convolution_forward prim;
   memory::desc plain_weights;
   bool has_bias, has_add;
+  memory::desc nchw_src;  // an NCHW input is reordered to the primitive's NHWC first
+  dnnl::reorder to_nhwc;
 };
 
 }  // namespace
@@ -60,8 +62,11 @@ void* pconv_create(int dtype, long n, long c, long h, long w, long o, long kh, l
               cpu_engine(), dnnl::prop_kind::forward_inference,
               dnnl::algorithm::convolution_direct, src, wany, dst, {sh, sw},
               {dh - 1, dw - 1}, {ph, pw}, {ph, pw}, attr);
+    memory::desc nchw({n, c, h, w}, dt, memory::format_tag::nchw);
     auto* conv = new Conv{pd, dnnl::convolution_forward(pd), plain, bool(has_bias),
-                          bool(has_add)};
+                          bool(has_add), nchw,
+                          dnnl::reorder(dnnl::reorder::primitive_desc(
+                              cpu_engine(), nchw, cpu_engine(), src))};
     return conv;
   } catch (const dnnl::error&) {
     return nullptr;
@@ -82,7 +87,9 @@ void pconv_pack_weight(void* h, const void* plain, void* packed) {
   st.wait();
 }
 
-void pconv_run(void* h, const void* x, const void* packed, const void* bias,
+// x_nchw: x is NCHW-contiguous (oneDNN's reorder makes it NHWC: ATen's copy is slow for
+// an image's 3 channels), else NHWC.
+void pconv_run(void* h, const void* x, int x_nchw, const void* packed, const void* bias,
                const void* other, void* y) {
   auto* conv = static_cast<Conv*>(h);
   auto& eng = cpu_engine();
@@ -92,6 +99,15 @@ void pconv_run(void* h, const void* x, const void* packed, const void* bias,
   static thread_local std::vector<char> scratchpad;
   size_t need = conv->pd.scratchpad_desc().get_size();
   if (scratchpad.size() < need) scratchpad.resize(need);
+  static thread_local std::vector<char> nhwc_input;
+  if (x_nchw) {
+    size_t bytes = conv->pd.src_desc().get_size();
+    if (nhwc_input.size() < bytes) nhwc_input.resize(bytes);
+    memory from(conv->nchw_src, eng, const_cast<void*>(x));
+    memory to(conv->pd.src_desc(), eng, nhwc_input.data());
+    conv->to_nhwc.execute(st, from, to);
+    x = nhwc_input.data();
+  }
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(conv->pd.src_desc(), eng, const_cast<void*>(x))},
       {DNNL_ARG_WEIGHTS, memory(conv->pd.weights_desc(), eng, const_cast<void*>(packed))},
