@@ -68,6 +68,7 @@ CASES = {
     "residual_relu": dict(residual=True),
     "residual_no_act": dict(residual=True, act=False),
     "relu_no_bn": dict(bn=False, bias=True),
+    "groups_residual_relu": dict(groups=2, residual=True),
 }
 
 
@@ -86,6 +87,33 @@ def test_inference_chain_matches_eager(case, dtype, rewrites):
     assert len(rewrites) == 1, rewrites
     if kw.get("bn", True):
         assert "BatchNorm folded" in rewrites[0][2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", ["residual_relu", "residual_no_act", "bias_stride2",
+                                  "groups_dilation"])
+@pytest.mark.parametrize("switch", ["FUSE_ADD", "FUSE_RELU"])
+def test_post_ops_left_to_pointwise_kernels_match_eager(switch, case, dtype, rewrites,
+                                                         monkeypatch):
+    """With a post-op switched off, the add / ReLU stays in the graph after the folded
+    convolution (pypto's pointwise kernels run it on the channels-last output)."""
+    monkeypatch.setattr(conv, switch, False)
+    g = torch.Generator().manual_seed(hash((switch, case)) % 1000)
+    kw = CASES[case]
+    m = _randomize_bn(Block(8, 8, **kw), g).eval().to(dtype)
+    x = torch.randn(2, 8, 13, 11, generator=g).to(dtype)
+    y = m.conv(x)
+    other = torch.randn(y.shape, generator=g).to(dtype)
+    with torch.no_grad():
+        out = torch.compile(m, backend="pypto")(x, other)
+        torch.testing.assert_close(out, m(x, other), **_tol(dtype))
+    assert len(rewrites) == 1, rewrites
+    reason = rewrites[0][2]
+    assert "BatchNorm folded" in reason
+    assert ("residual add" in reason) == (kw.get("residual", False) and switch != "FUSE_ADD")
+    assert ("relu as post-ops" in reason) == (kw.get("act", True) and switch != "FUSE_RELU"
+                                              and not (kw.get("residual", False)
+                                                       and switch == "FUSE_ADD"))
 
 
 def test_resnet_eval_matches_eager_and_refolds_after_update(rewrites):

@@ -17,7 +17,9 @@ call. That op (an extern of the ATen graph, kept whole like SDPA):
   in-place update of a weight or a statistic (``load_state_dict``, ``copy_``) refolds: never
   a stale weight;
 - calls oneDNN's ``mkldnn::_convolution_pointwise`` with the add and the ReLU as post-ops
-  (Inductor's CPU path uses the same op), so conv, BN, add and ReLU are one pass;
+  (Inductor's CPU path uses the same op), so conv, BN, add and ReLU are one pass; or, with
+  a oneDNN install of our own, a primitive held per call site (:mod:`.onednn_conv`: ATen's
+  call sets up ~25 us of descriptors each time, as much as a small convolution runs);
 - runs channels-last: a channels-last input needs no reorder in oneDNN and the output stays
   channels-last, so a chain of convolutions converts once, at the first (measured 1.1-1.6x
   on the zoo ResNet's shapes, see docs/benchmarks.md). What follows (pooling, pointwise tiles)
@@ -47,6 +49,13 @@ ENABLED = True  # the benchmark's switch for the "before" form
 # the NCHW-order reduction strides by C through memory (pool + Linear head at 4x64x32x32,
 # compiled: 377 -> 60 us; docs/benchmarks.md "Conv nets, eval: where the time goes")
 POOL_NHWC = True
+# the residual add and the ReLU as oneDNN post-ops (True) or left to the pointwise kernels
+# after the convolution (False): the A/B of "post-ops cost more per call than a fused pass"
+FUSE_ADD = True
+FUSE_RELU = True
+# a oneDNN primitive held per call site instead of ATen's per-call setup (onednn_conv.py;
+# only with a oneDNN install of our own, else ATen's call): zoo ResNet forward 1.2-1.6x
+DIRECT_ONEDNN = True
 _POOL = {F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d}
 _MEAN = {torch.mean, "mean"}
 
@@ -79,7 +88,6 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
                    groups, act, site):
     """The op's body. The compiled graph calls this directly: a Python custom op's own
     dispatch costs ~50 us a call, as much as a small convolution."""
-    x = x.contiguous(memory_format=torch.channels_last)
     hit = _FOLDED.get(site)
     # the versions written out, not through _versions: this check runs every call (~10 a
     # ResNet forward), and the generator and call were half of its ~4 us
@@ -92,13 +100,22 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
                           None if beta is None else beta._version)
             or hit[7] != x.shape):
         hit = _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
-                    groups)
+                    groups, act, other is not None)
+    if hit[11] is not None:  # takes x as it is
+        if other is not None:
+            other = other.contiguous(memory_format=torch.channels_last)
+        return hit[11](x, other)
+    x = x.contiguous(memory_format=torch.channels_last)
     w, b = hit[8], hit[9]
     if hit[10]:
         unary, binary = hit[10]  # the resolved overloads: no OpOverloadPacket dispatch
         if other is None:
             return unary(x, w, b, padding, stride, dilation, groups, act, [], "")
         other = other.contiguous(memory_format=torch.channels_last)
+        if groups > 1:  # ATen's binary op falls back to add_relu here: no bfloat16 kernel
+            y = unary(x, w, b, padding, stride, dilation, groups, "none", [], "")
+            y.add_(other)
+            return y.relu_() if act == "relu" else y
         return binary(x, other, w, b, padding, stride, dilation, groups, "add", 1.0,
                       None if act == "none" else act, [], "")
     y = F.conv2d(x, w, b, stride, padding, dilation, groups)
@@ -126,7 +143,8 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 # call site -> (weak refs to w, b, mean, var, gamma, beta, their versions, input shape,
-# folded weight, folded bias, oneDNN's (unary, binary) ops or None). The tensors are
+# folded weight, folded bias, oneDNN's (unary, binary) ops or None, the held primitive
+# (onednn_conv.DirectConv) or None). The tensors are
 # compared by identity through weak refs (a dead one gives None, never a match; nothing
 # keeps a deleted model's parameters alive), and an in-place update (load_state_dict,
 # copy_) bumps the version.
@@ -145,9 +163,11 @@ def _versions(*ts) -> tuple:
     return tuple(None if t is None else t._version for t in ts)
 
 
-def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation, groups):
+def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation, groups,
+          act="none", has_add=False):
     """(weight, bias) with the BatchNorm folded in, the weight prepacked into oneDNN's
-    blocked layout for ``x``'s shape when oneDNN runs it; filed under ``site``."""
+    blocked layout for ``x``'s shape when oneDNN runs it (or held in a primitive of our
+    own, :mod:`.onednn_conv`); filed under ``site``."""
     onednn = _onednn_ok(x, w)
     with torch.no_grad():
         fw, fb = w, b
@@ -162,15 +182,20 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
                 shift = shift + beta.float()
             fw = (w.float() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
             fb = shift.to(w.dtype)
-        if onednn:
+        direct = None
+        if onednn and DIRECT_ONEDNN:
+            from . import onednn_conv
+            direct = onednn_conv.make(x, fw, fb, stride, padding, dilation, groups, act,
+                                      has_add)  # holds its own packed weight
+        if onednn and direct is None:
             fw = torch._C._nn.mkldnn_reorder_conv2d_weight(
                 fw.contiguous().to_mkldnn(), padding, stride, dilation, groups, list(x.shape))
-        else:
+        elif not onednn:
             fw = fw.contiguous(memory_format=torch.channels_last)
     hit = (*(_ref(t) for t in (w, b, mean, var, gamma, beta)),
            _versions(w, b, mean, var, gamma, beta), x.shape, fw, fb,
            (torch.ops.mkldnn._convolution_pointwise.default,
-            torch.ops.mkldnn._convolution_pointwise.binary) if onednn else None)
+            torch.ops.mkldnn._convolution_pointwise.binary) if onednn else None, direct)
     _FOLDED[site] = hit
     return hit
 
@@ -250,7 +275,8 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
             bn = bn_args + [float(eps)]
             chain.append(nxt)
             nxt = _only_user(nxt)
-    if (nxt is not None and nxt.target in _ADD and len(nxt.args) == 2 and not nxt.kwargs):
+    if (FUSE_ADD and nxt is not None and nxt.target in _ADD and len(nxt.args) == 2
+            and not nxt.kwargs):
         a, c = nxt.args
         o = c if a is chain[-1] else a if c is chain[-1] else None
         ov, yv = _val(o), _val(chain[-1])
@@ -260,7 +286,7 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
             other = o
             chain.append(nxt)
             nxt = _only_user(nxt)
-    if nxt is not None and nxt.target in _RELU and nxt.args[0] is chain[-1]:
+    if FUSE_RELU and nxt is not None and nxt.target in _RELU and nxt.args[0] is chain[-1]:
         act = "relu"
         chain.append(nxt)
     if len(chain) == 1:
