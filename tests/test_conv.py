@@ -72,9 +72,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "aten"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
-def test_inference_chain_matches_eager(case, dtype, rewrites):
+def test_inference_chain_matches_eager(case, dtype, direct, rewrites, monkeypatch):
+    """Through the held oneDNN primitive (with a oneDNN install: onednn_conv.py) and
+    through ATen's call."""
+    monkeypatch.setattr(conv, "DIRECT_ONEDNN", direct)
+    conv.FOLDED.clear()
     g = torch.Generator().manual_seed(hash(case) % 1000)
     kw = CASES[case]
     m = _randomize_bn(Block(8, 8, **kw), g).eval().to(dtype)

@@ -1,5 +1,6 @@
-"""The held oneDNN primitive (lowering/onednn_conv.py) against eager, and the compiled
-conv nets using it. Needs a oneDNN install in PYPTO_INDUCTOR_ONEDNN_DIR; skipped without."""
+"""The held oneDNN primitive (codegen/cpp/onednn_conv.py) against eager, and the compiled
+conv nets using it. Needs a oneDNN install (the ``onednn`` extra, or
+PYPTO_INDUCTOR_ONEDNN_DIR); skipped without."""
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from pypto_inductor import zoo
-from pypto_inductor.lowering import conv, onednn_conv
+from pypto_inductor.codegen.cpp import onednn_conv
+from pypto_inductor.lowering import conv
 
-pytestmark = pytest.mark.skipif(onednn_conv.library() is None,
-                                reason="no oneDNN install in PYPTO_INDUCTOR_ONEDNN_DIR")
+# skipped only without an install: one that fails to build or load fails the tests
+pytestmark = pytest.mark.skipif(onednn_conv.install_dir() is None,
+                                reason="no oneDNN install (extra 'onednn' or "
+                                       "PYPTO_INDUCTOR_ONEDNN_DIR)")
+
+
+def test_the_install_builds_and_loads():
+    assert onednn_conv.library() is not None
 
 
 def _tol(dtype):
@@ -56,7 +64,7 @@ def test_direct_conv_matches_eager(shape, layout, act, add, bias, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_resnet_runs_on_held_primitives_and_refolds(dtype):
-    conv._FOLDED.clear()
+    conv.FOLDED.clear()
     m = zoo.build("resnet").to(dtype)
     for mod in m.modules():
         if isinstance(mod, torch.nn.BatchNorm2d):
@@ -66,7 +74,27 @@ def test_resnet_runs_on_held_primitives_and_refolds(dtype):
     x = torch.randn(3, 3, 32, 32).to(dtype)
     with torch.no_grad():
         torch.testing.assert_close(c(x), m(x)["logits"], **_tol(dtype))
-        assert conv._FOLDED and all(hit[11] is not None for hit in conv._FOLDED.values())
+        assert conv.FOLDED and all(hit[11] is not None for hit in conv.FOLDED.values())
         m.blocks[0].conv1.weight.mul_(-0.5)  # in place: the primitive's weight refolds
         m.stem[1].running_var.mul_(3.0)
         torch.testing.assert_close(c(x), m(x)["logits"], **_tol(dtype))
+
+
+def test_a_new_thread_count_makes_a_new_primitive():
+    """oneDNN splits a primitive's work for the thread count it was made with: after
+    torch.set_num_threads the call site gets a primitive for the new count."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 8, 12, 12, generator=gen).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(16, 8, 3, 3, generator=gen), torch.randn(16, generator=gen)
+    ref = torch.relu(F.conv2d(x, w, b, 1, 1))
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            y = conv.run_conv_fused(x, w, b, None, None, None, None, 1e-5, None, [1, 1],
+                                    [1, 1], [1, 1], 1, "relu", "thread_test")
+            torch.testing.assert_close(y, ref, **_tol(torch.float32))
+            assert conv.FOLDED["thread_test"][11].threads == n
+    finally:
+        torch.set_num_threads(threads)
+        conv.FOLDED.pop("thread_test", None)

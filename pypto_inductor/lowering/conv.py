@@ -18,7 +18,7 @@ call. That op (an extern of the ATen graph, kept whole like SDPA):
   a stale weight;
 - calls oneDNN's ``mkldnn::_convolution_pointwise`` with the add and the ReLU as post-ops
   (Inductor's CPU path uses the same op), so conv, BN, add and ReLU are one pass; or, with
-  a oneDNN install of our own, a primitive held per call site (:mod:`.onednn_conv`: ATen's
+  a oneDNN install of our own, a primitive held per call site (codegen/cpp/onednn_conv.py: ATen's
   call sets up ~25 us of descriptors each time, as much as a small convolution runs);
 - runs channels-last: a channels-last input needs no reorder in oneDNN and the output stays
   channels-last, so a chain of convolutions converts once, at the first (measured 1.1-1.6x
@@ -53,9 +53,13 @@ POOL_NHWC = True
 # after the convolution (False): the A/B of "post-ops cost more per call than a fused pass"
 FUSE_ADD = True
 FUSE_RELU = True
-# a oneDNN primitive held per call site instead of ATen's per-call setup (onednn_conv.py;
+# a oneDNN primitive held per call site instead of ATen's per-call setup (codegen/cpp/onednn_conv.py;
 # only with a oneDNN install of our own, else ATen's call): zoo ResNet forward 1.2-1.6x
 DIRECT_ONEDNN = True
+# The held-primitive factory: make(x, w, b, stride, padding, dilation, groups, act, has_add)
+# -> callable(x, other) or None. A target's: the cpu target installs
+# codegen/cpp/onednn_conv.make (lowering knows no target); None: ATen's call.
+direct_conv = None
 _POOL = {F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d}
 _MEAN = {torch.mean, "mean"}
 
@@ -88,7 +92,7 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
                    groups, act, site):
     """The op's body. The compiled graph calls this directly: a Python custom op's own
     dispatch costs ~50 us a call, as much as a small convolution."""
-    hit = _FOLDED.get(site)
+    hit = FOLDED.get(site)
     # the versions written out, not through _versions: this check runs every call (~10 a
     # ResNet forward), and the generator and call were half of its ~4 us
     if (hit is None or hit[0]() is not w or hit[1]() is not b or hit[2]() is not mean
@@ -98,7 +102,8 @@ def run_conv_fused(x, w, b, mean, var, gamma, beta, eps, other, stride, padding,
                           None if var is None else var._version,
                           None if gamma is None else gamma._version,
                           None if beta is None else beta._version)
-            or hit[7] != x.shape):
+            or hit[7] != x.shape
+            or (hit[11] is not None and hit[11].threads != torch.get_num_threads())):
         hit = _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
                     groups, act, other is not None)
     if hit[11] is not None:  # takes x as it is
@@ -144,11 +149,11 @@ def _onednn_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 # call site -> (weak refs to w, b, mean, var, gamma, beta, their versions, input shape,
 # folded weight, folded bias, oneDNN's (unary, binary) ops or None, the held primitive
-# (onednn_conv.DirectConv) or None). The tensors are
+# (direct_conv's) or None). The tensors are
 # compared by identity through weak refs (a dead one gives None, never a match; nothing
 # keeps a deleted model's parameters alive), and an in-place update (load_state_dict,
 # copy_) bumps the version.
-_FOLDED: dict[int, tuple] = {}
+FOLDED: dict[int, tuple] = {}
 
 
 def _none():
@@ -167,7 +172,7 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
           act="none", has_add=False):
     """(weight, bias) with the BatchNorm folded in, the weight prepacked into oneDNN's
     blocked layout for ``x``'s shape when oneDNN runs it (or held in a primitive of our
-    own, :mod:`.onednn_conv`); filed under ``site``."""
+    own, :data:`direct_conv`); filed under ``site``."""
     onednn = _onednn_ok(x, w)
     with torch.no_grad():
         fw, fb = w, b
@@ -183,10 +188,9 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
             fw = (w.float() * scale.reshape(-1, 1, 1, 1)).to(w.dtype)
             fb = shift.to(w.dtype)
         direct = None
-        if onednn and DIRECT_ONEDNN:
-            from . import onednn_conv
-            direct = onednn_conv.make(x, fw, fb, stride, padding, dilation, groups, act,
-                                      has_add)  # holds its own packed weight
+        if onednn and DIRECT_ONEDNN and direct_conv is not None:
+            direct = direct_conv(x, fw, fb, stride, padding, dilation, groups, act,
+                                 has_add)  # holds its own packed weight
         if onednn and direct is None:
             fw = torch._C._nn.mkldnn_reorder_conv2d_weight(
                 fw.contiguous().to_mkldnn(), padding, stride, dilation, groups, list(x.shape))
@@ -196,7 +200,7 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
            _versions(w, b, mean, var, gamma, beta), x.shape, fw, fb,
            (torch.ops.mkldnn._convolution_pointwise.default,
             torch.ops.mkldnn._convolution_pointwise.binary) if onednn else None, direct)
-    _FOLDED[site] = hit
+    FOLDED[site] = hit
     return hit
 
 

@@ -25,7 +25,8 @@ from typing import Callable
 
 from ...ir import FusionTile, OpKind, TileGraph
 from .. import Kernel, reference
-from . import attention, attention_backward, compiler, index_put, matmul, pooling
+from ...lowering import conv as conv_lowering
+from . import attention, attention_backward, compiler, index_put, matmul, onednn_conv, pooling
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
 from .emit_mixed import MixedEmitter
@@ -61,6 +62,10 @@ NATIVE_EXTERNS = {attention.ATEN_FORWARD: attention.bind_forward,
                   attention_backward.ATEN_BACKWARD: attention_backward.bind,
                   pooling.ATEN_FORWARD: pooling.bind_forward,
                   pooling.ATEN_BACKWARD: pooling.bind_backward}
+
+
+# inference convolutions as oneDNN primitives held per call site (with a oneDNN install)
+conv_lowering.direct_conv = onednn_conv.make
 
 
 def native_extern(step, graph: TileGraph):

@@ -1,5 +1,6 @@
 """Inference convolutions as oneDNN primitives we hold: one per call site of
-:mod:`.conv`'s ``conv_fused`` (``csrc/onednn_conv.cpp``, built on first use).
+lowering/conv.py's ``conv_fused`` (``csrc/onednn_conv.cpp``, built on first use; the
+cpu target installs :func:`make` as ``conv.direct_conv``).
 
 ATen's ``mkldnn::_convolution_pointwise`` rebuilds its ideep descriptors, attributes and
 its primitive-descriptor cache key on every call: at the zoo ResNet's sizes that is
@@ -12,10 +13,10 @@ so this links a oneDNN v3 install of its own: ``PYPTO_INDUCTOR_ONEDNN_DIR``, els
 Python environment's prefix (``include/dnnl.hpp``, ``lib/libdnnl.so``: what the
 ``onednn-cpu-gomp`` and ``onednn-devel-cpu-gomp`` wheels install, extra ``onednn``; GNU
 OpenMP like torch, whose ``libgomp.so.1`` it then shares). Without one, or when the
-build fails, :func:`make` returns None and :mod:`.conv` calls ATen.
+build fails, :func:`make` returns None and conv.py calls ATen.
 
-A primitive is made for one input shape and the thread count at that time (a later
-``torch.set_num_threads`` runs it as made); its scratchpad is per thread.
+A primitive is made for one input shape and the thread count at that time (after a
+``torch.set_num_threads``, conv.py makes another); its scratchpad is per thread.
 """
 from __future__ import annotations
 
@@ -35,16 +36,23 @@ NCHW_INPUT_REORDER = True
 _lib: list = []  # [the loaded library or None], once per process
 
 
-def library() -> ctypes.CDLL | None:
-    if _lib:
-        return _lib[0]
-    lib = None
+def install_dir() -> str | None:
+    """The oneDNN install to link: ``PYPTO_INDUCTOR_ONEDNN_DIR``, else the Python
+    environment's prefix when the ``onednn`` extra put oneDNN there."""
     root = os.environ.get(ONEDNN_DIR_ENV)
     if not root and (Path(sys.prefix) / "lib" / "libdnnl.so").exists() and (
             Path(sys.prefix) / "include" / "dnnl.hpp").exists():
         root = sys.prefix
+    return root or None
+
+
+def library() -> ctypes.CDLL | None:
+    if _lib:
+        return _lib[0]
+    lib = None
+    root = install_dir()
     if root:
-        from ..codegen.cpp import compiler
+        from . import compiler
         inc, libdir = Path(root) / "include", Path(root) / "lib"
         try:
             lib = compiler.load_library(
@@ -83,6 +91,9 @@ class DirectConv:
         n, c, h, w = out_shape
         self._shape, self._strides = out_shape, (c * h * w, 1, w * c, c)
         self._dtype = dtype
+        # oneDNN splits the work for the thread count at creation: conv.py makes a new
+        # primitive when torch's changes
+        self.threads = torch.get_num_threads()
 
     def __call__(self, x: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
         nhwc = x.is_contiguous(memory_format=torch.channels_last)
