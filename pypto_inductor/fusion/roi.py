@@ -6,7 +6,8 @@ compute: ``hw.memory_overlaps_compute``, False on the host)
 roi_score = (t(producer) + t(consumer) - common) / (t(merged) - common)
 
 A merge clears the planner's threshold when roi_score does, or (``ABSORB_POINTWISE``) when
-it folds a pointwise kernel whole into the kernel reading it and saves any time: nothing
+it folds a pointwise kernel over the merged kernel's whole domain into the kernel reading it
+and saves any time: nothing
 that kernel computed is written any more (a write, a read-back and a launch saved, no op
 computed twice). Next to a large kernel (a ReLU backward's ``le`` mask into BatchNorm's
 backward sums) such a merge scores ~1.09 against the host's 1.1, so whether it fused
@@ -38,8 +39,9 @@ _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
 # Rows a column sum in a row kernel adds into one fp32 partial (eager's 16-row runs,
 # column_order.SUM_BLOCK)
 COLUMN_RUN = 16
-# A merge absorbing a whole pointwise kernel (none of its values written any more) clears
-# the threshold with any predicted saving (module docstring). False: by roi_score only.
+# A merge absorbing a whole pointwise kernel over the merged domain (none of its values
+# written any more) clears the threshold with any predicted saving (module docstring).
+# False: by roi_score only.
 ABSORB_POINTWISE = True
 
 
@@ -239,13 +241,17 @@ class CostModel:
         )
 
     def absorbed_pointwise(self, groups: list[list[TileOp]], merged: list[TileOp]):
-        """The group of ``groups`` that is a pointwise kernel (injective ops and views) none
+        """The group of ``groups`` that is a pointwise kernel (injective ops and views) over
+        the merged kernel's whole domain (a full pass, not a per-row value: LayerNorm
+        backward's ``rstd / C`` absorbed into its row kernel measured slower on BERT) none
         of whose values the kernel of ``merged`` writes, or None."""
         _, written = self.boundary(merged)
         written = set(written)
+        domain = max(self.op_elems[id(op)] for op in merged)
         for ops in groups:
             if all(op.kind.injective or op.is_view for op in ops) \
                     and not all(op.is_view for op in ops) \
-                    and not any(op.name in written for op in ops):
+                    and not any(op.name in written for op in ops) \
+                    and max(self.op_elems[id(op)] for op in ops) == domain:
                 return ops
         return None
