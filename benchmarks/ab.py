@@ -2,11 +2,13 @@
 switches off and on, against Inductor, on zoo models, in one process.
 
 The switches are module attributes read when a graph compiles (``FOO = True``). Each
-variant is compiled with the switch set and through a backend callable of its own: Dynamo
-keeps one compiled frame per code object and backend, so two copies of a model compiled
-with ``backend="pypto"`` would share the first one's kernels (and a ``torch._dynamo.reset()``
-between them makes the first recompile, in the timed loop, with whatever the switch is
-then). A compile inside the timed loop raises. Rounds of 5 calls per variant, the order
+variant is compiled with the switch set, through a backend callable of its own and behind
+a code object of its own (``benchmarks.own_code``): Dynamo keeps its compiled frames per
+code object, so copies of a model compiled through ``forward`` would be looked up in one
+list (each call paying for the guards of the variants found before it: a bias between the
+variants) and, with the same backend, share the first one's kernels (a
+``torch._dynamo.reset()`` between them makes the first recompile, in the timed loop, with
+whatever the switch is then). A compile inside the timed loop raises. Rounds of 5 calls per variant, the order
 reversed every other round, one thread, the thread's CPU time (robust to other
 processes); with ``--threads N`` (N > 1) N torch threads and wall time (the thread's CPU
 time would leave the other threads out: noisy on a shared machine, say its load). Printed:
@@ -24,6 +26,7 @@ import torch
 
 from pypto_inductor.backend import pypto_backend
 
+from . import own_code
 from . import zoo as bench_zoo
 
 
@@ -42,9 +45,9 @@ def _variants(name: str, mode: str, switch: tuple) -> tuple[dict, dict]:
         m = copy.deepcopy(model).train(mode == "train")
         if label in ("off", "on"):
             setattr(mod, attr, label == "on")
-            f = torch.compile(m, backend=lambda gm, ex: pypto_backend(gm, ex))
+            f = torch.compile(own_code(m), backend=lambda gm, ex: pypto_backend(gm, ex))
         else:
-            f = m if label == "eager" else torch.compile(m)
+            f = m if label == "eager" else torch.compile(own_code(m))
         if mode == "forward":
             def step(f=f):
                 with torch.no_grad():
@@ -66,8 +69,8 @@ def run(switch: str, models: list[str], mode: str, rounds: int, threads: int = 1
     old = getattr(mod, attr)
     torch.set_num_threads(threads)
     clock = time.thread_time if threads == 1 else time.perf_counter
-    # each variant's backend callable is a new compile of the model's frames: past Dynamo's
-    # default limit of 8 a model with several graphs would run its frames eagerly
+    # frames called after a graph break are shared by the variants, each a new compile of
+    # them: past Dynamo's default limit of 8 they would run eagerly
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for name in models:
         try:

@@ -20,7 +20,7 @@ from pypto_inductor.backend import pypto_backend
 from pypto_inductor.lowering import conv
 
 
-from . import interleaved_medians, md_table, parse_timing, timing_parser
+from . import interleaved_medians, md_table, own_code, parse_timing, timing_parser
 
 
 def _vgg(width: int = 32) -> nn.Module:
@@ -45,16 +45,6 @@ def _cases(batch: int):
             (f"vgg-style 4x(conv3x3+bn+relu) {batch}x3x32x32", vgg, vgg, img)]
 
 
-def _own_code(fn):
-    """``fn`` behind a function with a code object of its own. Dynamo keeps its compiled
-    frames per code object: compiled variants sharing one are looked up in one list, and a
-    variant pays for evaluating the guards of those found before it (measured: two
-    identical pypto variants of the zoo ResNet 1251 and 951 us)."""
-    scope = {"fn": fn}
-    exec("def call(x):\n    return fn(x)\n", scope)  # noqa: S102 - a fixed source
-    return scope["call"]
-
-
 def run(threads: int, rounds: int, repeats: int, dtype, batch: int,
         ab: str | None = None) -> list[list[str]]:
     torch.set_num_threads(threads)
@@ -66,15 +56,15 @@ def run(threads: int, rounds: int, repeats: int, dtype, batch: int,
     for name, fn, model, img in _cases(batch):
         model.eval().to(dtype)
         x = img.to(dtype)
-        variants = {"eager": fn, "inductor": torch.compile(_own_code(fn), backend="inductor"),
-                    "pypto before": torch.compile(_own_code(fn), backend="pypto"),
-                    "pypto": torch.compile(_own_code(fn), backend="pypto",
+        variants = {"eager": fn, "inductor": torch.compile(own_code(fn), backend="inductor"),
+                    "pypto before": torch.compile(own_code(fn), backend="pypto"),
+                    "pypto": torch.compile(own_code(fn), backend="pypto",
                                            options={"buffering": 2})}
         if switch:
             # a backend callable of its own: a second backend="pypto" compile of the same
             # function with the same options would share the first one's frames
             variants["off"] = torch.compile(
-                _own_code(fn), backend=lambda gm, ex: pypto_backend(gm, ex, {"buffering": 2}))
+                own_code(fn), backend=lambda gm, ex: pypto_backend(gm, ex, {"buffering": 2}))
         with torch.no_grad():
             ref = fn(x)
             tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else \

@@ -17,7 +17,9 @@ on its own copy of one seeded model. Each workload is compiled afresh per thread
 that first call's wall time, fresh cache directories per run, so the first thread count
 is a cold compile), checked against eager (``check``: the largest difference, relative
 to eager's largest magnitude, over the outputs or gradients), then timed in interleaved
-rounds (eager, inductor, pypto, eager, ...): medians over ``--repeats`` calls, the median
+rounds (eager, inductor, pypto, eager, ...). Each compiled variant runs a code object of its
+own (``benchmarks.own_code``): Dynamo looks up compiled frames per code object, and the
+variants of one model class would otherwise share ``forward``'s list: medians over ``--repeats`` calls, the median
 of three rounds. The summary gives geometric means of Inductor/pypto and eager/pypto per
 workload and thread count.
 """
@@ -40,7 +42,7 @@ from pypto_inductor import zoo
 
 import benchmarks
 
-from . import md_table, median_us
+from . import md_table, median_us, own_code
 
 MODES = ("forward", "decode", "train")
 BATCH, SEQ, IMAGE = 4, 128, 64
@@ -105,9 +107,11 @@ def rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 def _compile(model, label: str, dynamic=None):
+    """``model`` compiled with backend ``label`` behind a code object of its own
+    (:func:`benchmarks.own_code`): every backend's copy shares the class's ``forward``."""
     if label == "eager":
         return model
-    return torch.compile(model, backend=label, dynamic=dynamic)
+    return torch.compile(own_code(model), backend=label, dynamic=dynamic)
 
 
 def _first_call_s(fn) -> tuple[object, float]:
@@ -152,7 +156,7 @@ def _decode(name, model, labels, repeats):
     for label in labels:
         m = copy.deepcopy(model)
         if label != "eager":
-            m.forward = torch.compile(m.forward, backend=label)
+            m.forward = torch.compile(own_code(m.forward), backend=label)
 
         def gen(n, m=m):
             return m.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,

@@ -5,6 +5,7 @@ plan is never only inspected, always executed.
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -194,6 +195,55 @@ def test_gemm_bias_fuses_next_to_a_long_gemm(run_both):
     assert decision["roi"]["common_us"] > 0
     assert decision["roi"]["t_unfused_us"] / decision["roi"]["t_fused_us"] \
         < decision["roi"]["roi_score"]
+
+
+class _ResidualBlock(torch.nn.Module):
+    """conv -> BN -> ReLU -> conv -> BN, + the input, -> ReLU: ResNet's basic block."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.c2, self.b2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + x)
+
+
+@pytest.mark.parametrize("absorb", [True, False])
+@pytest.mark.parametrize("bandwidth", [10e9, 36e9])
+def test_relu_backward_masks_join_their_reader_at_any_bandwidth(bandwidth, absorb, monkeypatch):
+    """ReLU's backward mask (``le``) next to BatchNorm's backward sums, the residual's
+    gradient added in: the merge scores ~1.09 against the host's 1.1 (it saves the mask's
+    write and read-back and a launch of a kernel reading much more), so whether it fused
+    depended on the calibrated bandwidth. ``roi.ABSORB_POINTWISE``: a pointwise kernel
+    absorbed whole fuses whenever it saves time; off, a lone ``le`` kernel is left."""
+    from pypto_inductor import calibrate
+    from pypto_inductor.fusion import roi
+    from pypto_inductor.report import collect
+
+    monkeypatch.setattr(roi, "ABSORB_POINTWISE", absorb)
+    monkeypatch.setattr(calibrate, "host_numbers", lambda: {
+        "gm_bandwidth_bytes_per_s": bandwidth, "launch_us": 1.25, "vector_flops_per_s": 3e10})
+    calibrate.host_model.cache_clear()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(_ResidualBlock(16), _ResidualBlock(16))
+        x = torch.randn(4, 16, 32, 32)
+        twin = copy.deepcopy(model)
+        with collect() as graphs:
+            torch.compile(model, backend="pypto")(x).square().mean().backward()
+    finally:
+        calibrate.host_model.cache_clear()
+    twin(x).square().mean().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    backward = next(g.plan for g in graphs if g.name.endswith("backward"))
+    lone = [t for t in backward.tiles if t.op_names == ["le"]]
+    assert bool(lone) != absorb, [t.op_names for t in backward.tiles]
+    if absorb:
+        fused = [d for d in backward.decisions if d.fused and "absorbs a pointwise" in d.reason]
+        assert fused and all(d.roi.roi_score < 1.1 and d.roi.saving_us > 0 for d in fused)
 
 
 def test_softmax_fuses_with_its_producers(run_both):

@@ -110,6 +110,8 @@ class Planner:
         self.config = config
         self.threshold = (config.roi_threshold if config.roi_threshold is not None
                           else hw.default_roi_threshold)
+        # an explicit roi_threshold is the user's: no merge below it (roi.ABSORB_POINTWISE)
+        self.absorb = config.roi_threshold is None
         self.cost = CostModel(graph, hw)
         self.column_sums = hw.column_sums_in_row_kernels and ROW_COLUMN_SUMS
         self.order = {id(n): i for i, n in enumerate(graph.nodes)}
@@ -540,13 +542,17 @@ class Planner:
                 best = None
                 for p, c, gids in self.candidates():
                     why, roi, closed = self.evaluate(gids, succ, pred)
-                    if why is None and roi.roi_score >= threshold:
+                    if why is None and roi.clears(threshold, self.absorb):
                         if best is None or roi.saving_us > best[3].saving_us:
                             best = (p, c, closed, roi, len(closed) - len(gids))
             if best is None:
                 break
             p, c, closed, roi, extra = best
             reason = f"fused: roi_score {roi.roi_score:.2f} >= {threshold}"
+            if roi.roi_score < threshold:  # roi.clears: a pointwise kernel absorbed
+                reason = (f"fused: roi_score {roi.roi_score:.2f} < {threshold}, but it absorbs "
+                          f"a pointwise kernel (none of its values written), saving "
+                          f"{roi.saving_us:.2f} us")
             if extra:
                 reason += f" (with {extra} kernel(s) between them, to stay acyclic)"
             merged = [op for g in closed for op in self.members[g]]
@@ -591,7 +597,7 @@ class Planner:
             why, roi, closed = self.evaluate(gids, succ, pred)
             deps = bits(seen) | bits(gids) | self.reach.between(gids)
             entry = None
-            if why is None and roi.roi_score >= threshold:
+            if why is None and roi.clears(threshold, self.absorb):
                 entry = (p, c, closed, roi, len(closed) - len(gids))
             state[i] = (deps, bits(gids), entry)
 
@@ -653,6 +659,8 @@ class Planner:
                 why = "fusion disabled (fusion=False)"
             elif why is None:
                 why = f"roi_score {roi.roi_score:.2f} < roi_threshold {self.threshold}"
+                if roi.absorbs_pointwise and self.absorb:
+                    why += " (it would absorb a pointwise kernel, but saves no time)"
             out.append(Decision(p.name, c.name, False, why, roi))
         return out
 

@@ -5,6 +5,14 @@ t(kernel) = launch + max(global-memory bytes / bandwidth, flops / peak)
 compute: ``hw.memory_overlaps_compute``, False on the host)
 roi_score = (t(producer) + t(consumer) - common) / (t(merged) - common)
 
+A merge clears the planner's threshold when roi_score does, or (``ABSORB_POINTWISE``) when
+it folds a pointwise kernel over the merged kernel's whole domain into the kernel reading it
+and saves any time: nothing
+that kernel computed is written any more (a write, a read-back and a launch saved, no op
+computed twice). Next to a large kernel (a ReLU backward's ``le`` mask into BatchNorm's
+backward sums) such a merge scores ~1.09 against the host's 1.1, so whether it fused
+depended on the calibrated bandwidth.
+
 where ``common`` is time both alternatives spend alike: the GEMM's compute on
 hardware whose memory and compute terms add (the host), so a pass saved next to
 a long GEMM is judged against the pass, not diluted by the GEMM.
@@ -31,6 +39,10 @@ _CHEAP_POWERS = (2, 3, 1, 0.5, -0.5, -1)
 # Rows a column sum in a row kernel adds into one fp32 partial (eager's 16-row runs,
 # column_order.SUM_BLOCK)
 COLUMN_RUN = 16
+# A merge absorbing a whole pointwise kernel over the merged domain (none of its values
+# written any more) clears the threshold with any predicted saving (module docstring).
+# False: by roi_score only.
+ABSORB_POINTWISE = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +63,18 @@ class RoiEstimate:
     launch_overhead_reduction_pct: float
     l1_pressure_increase_pct: float
     common_us: float = 0.0  # time fused and unfused spend alike (a GEMM's compute)
+    absorbs_pointwise: bool = False  # one of two kernels pointwise, none of its values written
 
     @property
     def saving_us(self) -> float:
         return self.t_unfused_us - self.t_fused_us
+
+    def clears(self, threshold: float, absorb: bool = True) -> bool:
+        """Whether the merge is worth taking: its roi_score reaches ``threshold``, or (with
+        ``absorb``) it absorbs a pointwise kernel's whole pass and saves time
+        (ABSORB_POINTWISE)."""
+        return self.roi_score >= threshold or (absorb and self.absorbs_pointwise
+                                               and self.saving_us > 0)
 
     @property
     def roi_score(self) -> float:
@@ -70,6 +90,7 @@ class RoiEstimate:
             "t_unfused_us": round(self.t_unfused_us, 3),
             "t_fused_us": round(self.t_fused_us, 3),
             "common_us": round(self.common_us, 3),
+            **({"absorbs_pointwise": True} if self.absorbs_pointwise else {}),
         }
 
 
@@ -207,6 +228,7 @@ class CostModel:
         unfused_bytes = sum(p.gm_bytes for p in parts)
         launches = sum(p.launches for p in parts)
         base = max(max(footprints), 1)
+        merged = [op for ops in groups for op in ops]
         return RoiEstimate(
             t_unfused_us=sum(p.time_us for p in parts),
             t_fused_us=fused.time_us,
@@ -214,4 +236,22 @@ class CostModel:
             launch_overhead_reduction_pct=100.0 * (launches - 1) / max(launches, 1),
             l1_pressure_increase_pct=100.0 * (fused_footprint - base) / base,
             common_us=min(sum(p.gemm_us for p in parts), fused.gemm_us),
+            absorbs_pointwise=ABSORB_POINTWISE and len(groups) == 2
+            and self.absorbed_pointwise(groups, merged) is not None,
         )
+
+    def absorbed_pointwise(self, groups: list[list[TileOp]], merged: list[TileOp]):
+        """The group of ``groups`` that is a pointwise kernel (injective ops and views) over
+        the merged kernel's whole domain (a full pass, not a per-row value: LayerNorm
+        backward's ``rstd / C`` absorbed into its row kernel measured slower on BERT) none
+        of whose values the kernel of ``merged`` writes, or None."""
+        _, written = self.boundary(merged)
+        written = set(written)
+        domain = max(self.op_elems[id(op)] for op in merged)
+        for ops in groups:
+            if all(op.kind.injective or op.is_view for op in ops) \
+                    and not all(op.is_view for op in ops) \
+                    and not any(op.name in written for op in ops) \
+                    and max(self.op_elems[id(op)] for op in ops) == domain:
+                return ops
+        return None
