@@ -8,8 +8,8 @@ code object, so copies of a model compiled through ``forward`` would be looked u
 list (each call paying for the guards of the variants found before it: a bias between the
 variants) and, with the same backend, share the first one's kernels (a
 ``torch._dynamo.reset()`` between them makes the first recompile, in the timed loop, with
-whatever the switch is then). A compile inside the timed loop raises. Rounds of 5 calls per variant, the order
-reversed every other round, one thread, the thread's CPU time (robust to other
+whatever the switch is then). A compile inside the timed loop raises. Rounds of 5 calls
+per variant, the order reversed every other round, one thread, the thread's CPU time (robust to other
 processes); with ``--threads N`` (N > 1) N torch threads and wall time (the thread's CPU
 time would leave the other threads out: noisy on a shared machine, say its load). Printed:
 medians per variant and the per-round median of off / on.

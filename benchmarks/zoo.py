@@ -17,10 +17,10 @@ on its own copy of one seeded model. Each workload is compiled afresh per thread
 that first call's wall time, fresh cache directories per run, so the first thread count
 is a cold compile), checked against eager (``check``: the largest difference, relative
 to eager's largest magnitude, over the outputs or gradients), then timed in interleaved
-rounds (eager, inductor, pypto, eager, ...). Each compiled variant runs a code object of its
-own (``benchmarks.own_code``): Dynamo looks up compiled frames per code object, and the
-variants of one model class would otherwise share ``forward``'s list: medians over ``--repeats`` calls, the median
-of three rounds. The summary gives geometric means of Inductor/pypto and eager/pypto per
+rounds (eager, inductor, pypto, eager, ...): medians over ``--repeats`` calls, the median
+of three rounds. Each compiled variant runs a code object of its own
+(``benchmarks.own_code``): Dynamo looks up compiled frames per code object, and the
+variants of one model class would otherwise share ``forward``'s list. The summary gives geometric means of Inductor/pypto and eager/pypto per
 workload and thread count.
 """
 from __future__ import annotations
