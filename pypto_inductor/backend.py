@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.fx as fx
+from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
@@ -48,9 +49,12 @@ class UnsupportedOpsError(RuntimeError):
 CSE_INFERENCE = True
 # AOTAutograd calls the graph's generated function itself (the benchmark turns it off)
 DIRECT_CALL = True
-# Errors that are the answer the user asked for (fallback='error', a bad option), never
-# turned into an eager fallback
-_DELIBERATE = (UnsupportedOpsError, KernelBuildError, ConfigError)
+# Errors that are the answer the user asked for (fallback='error', a bad option), and
+# Dynamo's control flow raised through a backend (output_graph lets these through: a
+# restart of its analysis, e.g. to trace a float scalar as a tensor under dynamic=True, or
+# a frame to skip): never turned into an eager fallback
+_DELIBERATE = (UnsupportedOpsError, KernelBuildError, ConfigError,
+               dynamo_exc.RestartAnalysis, dynamo_exc.ShortenTraceback, dynamo_exc.SkipFrame)
 
 
 def _unexpected(where: str, e: Exception, config: Config) -> None:

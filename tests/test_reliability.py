@@ -8,6 +8,7 @@ Special values through every native op: tests/test_special_values.py.
 """
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 
@@ -17,6 +18,7 @@ import torch
 import pypto_inductor
 from pypto_inductor.codegen import cpp
 from pypto_inductor.codegen.cpp import compiler as cpp_build
+from pypto_inductor.report import collect
 from pypto_inductor.runtime import CompiledGraph, DeviceError
 
 
@@ -405,3 +407,23 @@ def test_strict_defaults_from_the_environment(monkeypatch):
     assert not pypto_inductor.parse_options({"strict": False}).raise_compile_errors
     with pytest.raises(pypto_inductor.ConfigError, match="'strict'"):
         pypto_inductor.parse_options({"strict": "yes"})
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_dynamo_restarts_pass_through_the_default_mode(train, tol):
+    """Dynamo restarts its analysis from inside a backend (dynamic=True and BatchNorm's
+    float eps: TensorifyScalarRestartAnalysis) and expects the exception back: the
+    non-strict default once caught it, ran every such graph eagerly and warned."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                            torch.nn.ReLU()).train(train)
+    ref = copy.deepcopy(m)
+    x = torch.randn(2, 3, 8, 8)
+
+    with collect() as graphs, warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs eagerly" warning
+        with torch.set_grad_enabled(train):
+            out = torch.compile(m, backend="pypto", dynamic=True,
+                                options={"strict": False})(x)
+    torch.testing.assert_close(out, ref(x), **tol(torch.float32))
+    assert graphs and not any("eager_reason" in g.to_dict() for g in graphs)
