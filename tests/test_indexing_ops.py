@@ -19,6 +19,7 @@ import pypto_inductor
 from pypto_inductor.codegen import cpp
 from pypto_inductor.codegen.cpp import compiler as cpp_build
 from pypto_inductor.report import collect
+from pypto_inductor.sizes import contiguous_strides
 
 FP32 = {"atol": 1e-5, "rtol": 1.3e-5}
 _SESSION_CACHE = os.environ.get("PYPTO_INDUCTOR_CACHE_DIR")  # before the fixture below
@@ -132,6 +133,33 @@ def test_permuted_gather_kept_for_other_readers_and_outputs():
     out, ref, _ = compile_run(fn, torch.randint(0, 10, (4, 5)))
     torch.testing.assert_close(out, ref, **FP32)
     assert out[2].stride() == ref[2].stride()  # the returned view
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_permuted_where_computes_in_the_permuted_order(dynamic):
+    """T5's masked position bias: a where over [batch, q, k, heads] (its operand a permuted
+    [1, heads, q, k] bias) permuted back to [batch, heads, q, k]. The where computes the
+    permuted result itself, contiguously (rows of k, not rows of 4 heads), reading its
+    operands through the permute; a lower-rank operand keeps the permuted form. Eager's
+    values, forward and backward."""
+    torch.manual_seed(13)
+
+    def fn(bias, mask, other):
+        masked = torch.where(mask[..., None], bias.permute(0, 2, 3, 1), -3.0e38)
+        low_rank = torch.where(mask[0, ..., None], other, 0.0).permute(2, 0, 1)
+        return masked.permute(0, 3, 1, 2) * 1.5, low_rank * 2
+
+    args = torch.randn(1, 4, 6, 5), torch.rand(3, 6, 5) > 0.3, torch.randn(5, 4)
+    out, ref, tiles = compile_run(fn, *args, dynamic=dynamic, backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
+    assert "where" in native_ops(tiles), tiles
+    if dynamic:
+        return
+    plan = pypto_inductor.report(fn, *args).graphs[0].plan
+    wheres = sorted(([int(s) for s in op.out.shape], op.out.stride)
+                    for t in plan.tiles for op in t.ops if op.op == "where")
+    assert [shape for shape, _ in wheres] == [[3, 4, 6, 5], [6, 5, 4]], wheres
+    assert tuple(wheres[0][1]) == contiguous_strides(wheres[0][0]), wheres
 
 
 def test_embedding_backward_and_int32_indices():

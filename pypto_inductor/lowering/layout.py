@@ -8,13 +8,14 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir import OpKind, TensorSpec
+from ..ir import OpKind, TensorSpec, TileOp
 from ..sizes import contiguous_strides
 from .graph import spec_of
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
-PERMUTED_GATHER = True  # see _permuted_gather; the benchmarks' switch for the "before" form
+PERMUTED_GATHER = True  # see _permuted_producer; the benchmarks' switch for the "before" form
+PERMUTED_POINTWISE = True  # the same for elementwise producers
 
 
 def _view(ctx, op, x, **attrs):
@@ -33,7 +34,7 @@ def lower_reshape_like(ctx, x, *args, **kwargs):
 
 def _reshape(ctx, x):
     """A row-major reshape; of an input laid out contiguously where eager's was not (a
-    permuted gather, see _permuted_gather), contiguous too, so the kernels reading it are
+    permuted gather, see _permuted_producer), contiguous too, so the kernels reading it are
     compiled for the layout it has."""
     out, spec = ctx.out_spec, ctx.spec(x)
     if PERMUTED_GATHER and isinstance(x, str) \
@@ -48,17 +49,22 @@ def _reshape(ctx, x):
 def lower_permute(ctx, x, dims):
     ndim = len(ctx.spec(x).shape)
     dims = tuple(int(d) % ndim for d in dims)
-    return _permuted_gather(ctx, x, dims) or _view(ctx, "permute", x, dims=dims)
+    return _permuted_producer(ctx, x, dims) or _permute(ctx, x, dims)
 
 
-def _permuted_gather(ctx, x, dims) -> str | None:
-    """A permute of a gather read by nothing else, as the gather of the permuted result.
+def _permuted_producer(ctx, x, dims) -> str | None:
+    """A permute of a gather or an elementwise op read by nothing else, as that op
+    computing the permuted result, laid out contiguously.
 
-    The gather is elementwise over its output, so permuting it only renames which output
-    dim reads which source dim or index dim. T5's relative position bias,
+    Both are elementwise over their output, so permuting them only renames dims: a gather's
+    output dims say which source dim or index dim each reads; an elementwise op's operands
+    (of the output's rank) are read through the same permute. T5's relative position bias,
     ``embedding(bucket[q, k], table[32, heads]).permute(2, 0, 1)``, then comes out
     [heads, q, k] in row-major order: the gather kernel runs rows of k instead of rows of
-    ``heads`` (4) values, and the mask add reading it is contiguous instead of strided."""
+    ``heads`` (4) values. ATen's decomposition of ``where`` (the mask applied to that bias)
+    computes in its operands' permuted layout and permutes back: computed in the permuted
+    order, its rows are contiguous instead of 4 values long, and the copy after it reads
+    them in order."""
     if not PERMUTED_GATHER or dims == tuple(range(len(dims))) or not isinstance(x, str):
         return None
     source = ctx.node.args[0]
@@ -66,15 +72,23 @@ def _permuted_gather(ctx, x, dims) -> str | None:
             or any(u.op == "output" for u in ctx.node.users):  # a returned view keeps strides
         return None
     op = next((n for n in reversed(ctx.graph.nodes) if getattr(n, "name", None) == x), None)
-    if getattr(op, "op", None) != "gather":  # None, or an extern op (no tile op)
+    if getattr(op, "op", None) == "gather":
+        inv = {m: k for k, m in enumerate(dims)}
+        attrs = dict(op.attrs)
+        attrs["source_dims"] = tuple(inv[k] if k >= 0 else k for k in op.attrs["source_dims"])
+        attrs["index_dims"] = tuple(tuple(inv[k] for k in d) for d in op.attrs["index_dims"])
+        args = op.args
+    elif isinstance(op, TileOp) and op.kind.injective and PERMUTED_POINTWISE \
+            and all(not isinstance(a, str) or len(ctx.spec(a).shape) in (0, len(dims))
+                    for a in op.args):
+        attrs = op.attrs
+        args = tuple(_permute(ctx, a, dims) if isinstance(a, str) and ctx.spec(a).shape else a
+                     for a in op.args)
+    else:  # None, an extern op (no tile op), or an op whose permute is not a renaming
         return None
-    inv = {m: k for k, m in enumerate(dims)}
-    attrs = dict(op.attrs)
-    attrs["source_dims"] = tuple(inv[k] if k >= 0 else k for k in op.attrs["source_dims"])
-    attrs["index_dims"] = tuple(tuple(inv[k] for k in d) for d in op.attrs["index_dims"])
-    out = ctx.new_spec(ctx.out_spec.shape, ctx.out_spec.dtype)
     ctx.maybe_unused.add(x)  # dropped unless something else reads it
-    return ctx.emit("gather", op.kind, op.args, out, **attrs)
+    return ctx.emit(op.op, op.kind, args, ctx.new_spec(ctx.out_spec.shape, op.out.dtype),
+                    **attrs)
 
 
 @register_lowering(aten.transpose, aten.t)
@@ -84,7 +98,7 @@ def lower_transpose(ctx, x, dim0=0, dim1=1):
     if ndim >= 2:
         d0, d1 = int(dim0) % ndim, int(dim1) % ndim
         dims[d0], dims[d1] = dims[d1], dims[d0]
-    return _view(ctx, "permute", x, dims=tuple(dims))
+    return _permute(ctx, x, dims)
 
 
 @register_lowering(aten.expand)
@@ -164,6 +178,9 @@ def lower_clone(ctx, x, memory_format=None):
 
 
 def _permute(ctx, x, dims):
+    """The permuted view, strided as its input is here (a permuted producer's result is
+    contiguous where eager's was not: eager's strides would send its readers down the
+    strided path)."""
     spec = ctx.spec(x)
     out = TensorSpec(tuple(spec.shape[d] for d in dims), tuple(spec.stride[d] for d in dims),
                      spec.dtype)
