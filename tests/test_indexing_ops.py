@@ -138,18 +138,19 @@ def test_permuted_gather_kept_for_other_readers_and_outputs():
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_permuted_where_computes_in_the_permuted_order(dynamic):
     """T5's masked position bias: a where over [batch, q, k, heads] (its operand a permuted
-    [1, heads, q, k] bias) permuted back to [batch, heads, q, k]. The where computes the
-    permuted result itself, contiguously (rows of k, not rows of 4 heads), reading its
-    operands through the permute; a lower-rank operand keeps the permuted form. Eager's
-    values, forward and backward."""
+    [1, heads, q, k] bias) permuted back to [batch, heads, q, k] and copied. The where
+    computes the permuted result itself, contiguously (rows of k, not rows of 4 heads),
+    reading its operands through the permute; a lower-rank operand, or a permute read
+    by other than a copy, keeps the permuted form. Eager's values, forward and backward."""
     torch.manual_seed(13)
 
     def fn(bias, mask, other):
-        masked = torch.where(mask[..., None], bias.permute(0, 2, 3, 1), -3.0e38)
-        low_rank = torch.where(mask[0, ..., None], other, 0.0).permute(2, 0, 1)
-        return masked.permute(0, 3, 1, 2) * 1.5, low_rank * 2
+        masked = torch.where(mask, bias.permute(0, 2, 3, 1), -3.0e38)  # [3, 6, 5, 4] rows
+        low_rank = torch.where(mask[0], other, 0.0).permute(2, 0, 1).contiguous()
+        kept = torch.where(mask, bias.permute(0, 2, 3, 1), 1.0).permute(0, 3, 1, 2) * 2
+        return masked.permute(0, 3, 1, 2).contiguous(), low_rank * 2, kept
 
-    args = torch.randn(1, 4, 6, 5), torch.rand(3, 6, 5) > 0.3, torch.randn(5, 4)
+    args = torch.randn(1, 4, 6, 5), torch.rand(3, 6, 5, 4) > 0.3, torch.randn(5, 4)
     out, ref, tiles = compile_run(fn, *args, dynamic=dynamic, backward=True)
     torch.testing.assert_close(out, ref, **FP32)
     assert "where" in native_ops(tiles), tiles
@@ -158,8 +159,20 @@ def test_permuted_where_computes_in_the_permuted_order(dynamic):
     plan = pypto_inductor.report(fn, *args).graphs[0].plan
     wheres = sorted(([int(s) for s in op.out.shape], op.out.stride)
                     for t in plan.tiles for op in t.ops if op.op == "where")
-    assert [shape for shape, _ in wheres] == [[3, 4, 6, 5], [6, 5, 4]], wheres
+    assert [shape for shape, _ in wheres] == [[3, 4, 6, 5], [3, 6, 5, 4], [6, 5, 4]], wheres
     assert tuple(wheres[0][1]) == contiguous_strides(wheres[0][0]), wheres
+
+
+def test_permuted_pad_keeps_its_order():
+    """A pad permuted and copied (MobileNetV2's padded stem made channels-last) is not
+    computed in the permuted order: its pads name dims."""
+    torch.manual_seed(14)
+
+    def fn(x):
+        return F.pad(x, (0, 1, 0, 2)).permute(0, 2, 3, 1).contiguous() * 2
+
+    out, ref, _ = compile_run(fn, torch.randn(2, 3, 5, 4), backward=True)
+    torch.testing.assert_close(out, ref, **FP32)
 
 
 def test_embedding_backward_and_int32_indices():

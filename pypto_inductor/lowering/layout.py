@@ -9,6 +9,7 @@ import sympy
 import torch
 
 from ..ir import OpKind, TensorSpec, TileOp
+from ..ops import OPS
 from ..sizes import contiguous_strides
 from .graph import spec_of
 from .registry import Unsupported, register_lowering
@@ -62,9 +63,10 @@ def _permuted_producer(ctx, x, dims) -> str | None:
     ``embedding(bucket[q, k], table[32, heads]).permute(2, 0, 1)``, then comes out
     [heads, q, k] in row-major order: the gather kernel runs rows of k instead of rows of
     ``heads`` (4) values. ATen's decomposition of ``where`` (the mask applied to that bias)
-    computes in its operands' permuted layout and permutes back: computed in the permuted
-    order, its rows are contiguous instead of 4 values long, and the copy after it reads
-    them in order."""
+    computes in its operands' permuted layout, permutes back and copies: computed in the
+    permuted order, its rows are contiguous instead of 4 values long, and the copy reads
+    them in order. Only under such copies: other readers may want the permuted layout (a
+    channels-last value permuted to NCHW for a convolution's backward)."""
     if not PERMUTED_GATHER or dims == tuple(range(len(dims))) or not isinstance(x, str):
         return None
     source = ctx.node.args[0]
@@ -78,7 +80,8 @@ def _permuted_producer(ctx, x, dims) -> str | None:
         attrs["source_dims"] = tuple(inv[k] if k >= 0 else k for k in op.attrs["source_dims"])
         attrs["index_dims"] = tuple(tuple(inv[k] for k in d) for d in op.attrs["index_dims"])
         args = op.args
-    elif isinstance(op, TileOp) and op.kind.injective and PERMUTED_POINTWISE \
+    elif isinstance(op, TileOp) and _renames_dims(op) and PERMUTED_POINTWISE \
+            and all(_contiguous_clone(u) for u in ctx.node.users) \
             and all(not isinstance(a, str) or len(ctx.spec(a).shape) in (0, len(dims))
                     for a in op.args):
         attrs = op.attrs
@@ -89,6 +92,19 @@ def _permuted_producer(ctx, x, dims) -> str | None:
     ctx.maybe_unused.add(x)  # dropped unless something else reads it
     return ctx.emit(op.op, op.kind, args, ctx.new_spec(ctx.out_spec.shape, op.out.dtype),
                     **attrs)
+
+
+def _renames_dims(op: TileOp) -> bool:
+    """An elementwise op or cast of tensor operands whose attributes name no dim (not pad,
+    arange or an in-place copy_): permuting its result permutes its operands."""
+    info = OPS.get(op.op)
+    return info is not None and info.kind in (OpKind.ELEMENTWISE, OpKind.CAST) \
+        and bool(info.arity) and op.op != "copy_"
+
+
+def _contiguous_clone(node) -> bool:
+    fmt = node.kwargs.get("memory_format")
+    return node.target == aten.clone.default and fmt in (None, torch.contiguous_format)
 
 
 @register_lowering(aten.transpose, aten.t)

@@ -2,7 +2,7 @@
 :class:`.emit_rows.RowEmitter`): GCC does not vectorise fp16 conversions, so the fast path
 converts contiguous fp16 inputs and outputs a block at a time with the prelude's vector
 conversions, and rounds fp16 intermediates of loops calling a math function in loops of
-their own."""
+their own. Bool rows of a multi-pass row kernel go through float rows too (BOOL_ROWS)."""
 from __future__ import annotations
 
 import sympy
@@ -30,6 +30,13 @@ ROW_STAGE = 8192
 # (4439 vs 2324 us); split, 3122 us. Loops without a math call keep rnd_f16 inline (an
 # RMSNorm output loop was slower split: docs/benchmarks.md).
 SPLIT_ROUNDINGS = True
+# A multi-pass row kernel's contiguous bool inputs (a mask: where(mask, bias, min) + x ->
+# softmax) are converted once per row into float rows of 0 and 1 that the passes compare
+# with 0. A byte's compare selecting floats in a 16-lane loop (eager's softmax sum order,
+# row_sums.lane_sum) is what GCC 12 cannot vectorise with 16 lanes ("conversion not
+# supported" for the 16-lane byte mask: it fell back to 2 lanes): T5's masked softmax kernel
+# ran 800 us at 262k elements. Switch: the benchmark's "before".
+BOOL_ROWS = True
 
 
 class HalfStaging:
@@ -45,12 +52,13 @@ class HalfStaging:
         ins = sorted(self.half_accesses(deps) - self.row_staged)
         return ins, [o for o in outs if o[2].dtype == torch.float16]
 
-    def half_accesses(self, nodes) -> set[int]:
-        """The accesses of the fp16 column loads among ``nodes`` read with unit stride."""
+    def half_accesses(self, nodes, dtype=torch.float16) -> set[int]:
+        """The accesses of the ``dtype`` column loads among ``nodes`` read with unit
+        stride."""
         p = self.p
         return {x.attrs["access"] for x in nodes if x.kind == "load" and x.level == "col"
                 and x.id not in self.stored and p.fast[x.attrs["access"]] == "unit"
-                and p.input_specs[p.accesses[x.attrs["access"]].input].dtype == torch.float16}
+                and p.input_specs[p.accesses[x.attrs["access"]].input].dtype == dtype}
 
     def row_stageable(self) -> int:
         """The row length when whole fp16 rows may be staged (a constant up to ROW_STAGE
@@ -80,18 +88,21 @@ class HalfStaging:
         self.row_staged |= shared
 
     def stage_rows(self) -> None:
-        """Convert the fp16 row inputs of a multi-pass row kernel once per row (ROW_STAGE)."""
+        """Convert the fp16 row inputs of a multi-pass row kernel once per row (ROW_STAGE),
+        and its bool ones (BOOL_ROWS) into float rows of 0 and 1."""
         p = self.p
         cols = self.row_stageable()
         if not cols or not p.reduction or self.passes < 1 or not self.outer:
             return
-        rows = self.half_accesses(
-            [x for x in p.nodes if x.id in self.needed and x.id not in self.stored]) \
-            - self.row_staged
-        self.row_staged |= rows
-        for k in sorted(rows):
+        nodes = [x for x in p.nodes if x.id in self.needed and x.id not in self.stored]
+        rows = self.half_accesses(nodes) - self.row_staged
+        bools = self.half_accesses(nodes, torch.bool) - self.row_staged if BOOL_ROWS else set()
+        self.row_staged |= rows | bools
+        for k in sorted(rows | bools):
+            src = f"in{p.accesses[k].input} + b{k}"
             self.w(f"    alignas(64) float sr{k}[{int(cols)}];")
-            self.w(f"    if (fast) pi_ld_f16_n(in{p.accesses[k].input} + b{k}, sr{k}, C);")
+            self.w(f"    if (fast) pi_ld_f16_n({src}, sr{k}, C);" if k in rows else
+                   f"    if (fast) for (int64_t c = 0; c < C; ++c) sr{k}[c] = ({src})[c];")
 
     def split_roundings(self, deps, reductions, segs, targets) -> bool:
         """In a staged block [cs, ce) of a loop without reductions that calls a math

@@ -87,7 +87,7 @@ class RowLoop:
             if col and path == "fast" and k in self.staged:
                 rhs = f"{self.staged[k]}[c - cs]"
             elif col and path == "fast" and k in self.row_staged:
-                rhs = f"sr{k}[c]"
+                rhs = f"(sr{k}[c] != 0.0f)" if spec.dtype == torch.bool else f"sr{k}[c]"
         elif x.kind == "op" and x.attrs["op"] == "cat" and self.row_part \
                 and self.row_part[0] == x.id:  # the part of this row branch
             rhs = self.part(x, x.args[self.row_part[1]])
