@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pypto_inductor.codegen.cpp import half_staging, row_sums
+from pypto_inductor.codegen.cpp import half_staging, row_loop, row_sums
 from same_bits import compiled_with_grads, same_bits, with_grads
 
 
@@ -83,29 +83,34 @@ def test_lane_loop_half_types(dtype, monkeypatch):
         same_bits(a, b, f"{dtype} result {k}: LANE_LOOP on vs off")
 
 
-def masked_softmax(x, bias, mask):
-    """T5's masked attention weights: a bool mask selects the bias, softmax over the row,
-    fully masked rows zeroed (SDPA's math path)."""
-    s = x + torch.where(mask, bias, torch.finfo(x.dtype).min)
+def masked_softmax(x, bias, mask, low):
+    """T5's masked attention weights: a bool mask selects the bias or a broadcast floor,
+    softmax over the row, fully masked rows zeroed (SDPA's math path)."""
+    s = x + torch.where(mask, bias, low)
     fully = torch.logical_not(torch.logical_not(s == float("-inf")).any(-1, keepdim=True))
     return torch.where(fully, 0.0, torch.softmax(s, -1))
 
 
 @pytest.mark.parametrize("cols", [16, 40, 128])
-def test_bool_rows_staged_as_floats(cols, sources, monkeypatch):
-    """A multi-pass row kernel's bool mask goes through a float row (half_staging.BOOL_ROWS):
-    the same bits as reading the bytes, and eager's values, forward and backward."""
+@pytest.mark.parametrize("switch", [(half_staging, "BOOL_ROWS"),
+                                    (row_loop, "HOIST_BROADCAST_LOADS")], ids=lambda s: s[1])
+def test_masked_softmax_switches_give_the_same_bits(cols, switch, sources, monkeypatch):
+    """A multi-pass row kernel's bool mask through a float row (half_staging.BOOL_ROWS; GCC 12
+    ran the byte mask's 16-lane loop with 2 lanes) and the broadcast floor loaded before the
+    softmax's lane loop (row_loop.HOIST_BROADCAST_LOADS; else a branch per element): the
+    same bits either way, and eager's values, forward and backward."""
     g = torch.Generator().manual_seed(cols)
     args = (torch.randn(3, 4, 8, cols, generator=g), torch.randn(1, 4, 8, cols, generator=g),
-            torch.rand(3, 1, 8, cols, generator=g) > 0.3)
+            torch.rand(3, 1, 8, cols, generator=g) > 0.3, torch.full((1, 1, 1, 1), -30.0))
     grad_out = torch.randn(3, 4, 8, cols, generator=g)
     results = {}
     for on in (False, True):
-        monkeypatch.setattr(half_staging, "BOOL_ROWS", on)
+        monkeypatch.setattr(*switch, on)
         sources.clear()
         results[on] = compiled_with_grads(masked_softmax, args, grad_out)
-        assert any(" != 0.0f)" in s for s in sources) == on
+        if switch[1] == "BOOL_ROWS":
+            assert any(" != 0.0f)" in s for s in sources) == on
     for k, (a, b) in enumerate(zip(results[True], results[False])):
-        same_bits(a, b, f"{cols} columns, result {k}: BOOL_ROWS on vs off")
+        same_bits(a, b, f"{cols} columns, result {k}: {switch[1]} on vs off")
     for a, b in zip(results[True], with_grads(masked_softmax, args, grad_out)):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)

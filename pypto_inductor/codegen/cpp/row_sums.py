@@ -262,6 +262,8 @@ class RowSums:
         deps = self.col_deps([x.args[0]])
         for path in (["fast", "generic"] if has_fast else ["generic"]):
             w("    if (fast) {" if path == "fast" else "    else {" if has_fast else "    {")
+            if path == "fast":  # a select reading a broadcast load: a branch unless hoisted
+                self.hoist_broadcast_loads(deps, "c0", "c1")
             simd = "" if self.fallback(path, has_fast) else "      #pragma omp simd\n"
             for head, col, lane in (
                     (f"      for (int64_t cb = c0; cb < cg{i}; cb += {n}) {{\n{simd}"
@@ -281,6 +283,7 @@ class RowSums:
                 if col:
                     w(col)
             w("    }")
+            self.hoisted = set()
         w(f"    float acc{i} = ln{i}[0];")
         w(f"    if ({'true' if after else f'c1 - c0 >= {n}'}) {{")
         width = n // 2
