@@ -49,10 +49,10 @@ class HalfStaging:
         p = self.p
         if not STAGE_HALF or any(wr.direct for wr in getattr(p, "writes", {}).values()):
             return [], []
-        ins = sorted(self.half_accesses(deps) - self.row_staged)
+        ins = sorted(self.unit_accesses(deps) - self.row_staged)
         return ins, [o for o in outs if o[2].dtype == torch.float16]
 
-    def half_accesses(self, nodes, dtype=torch.float16) -> set[int]:
+    def unit_accesses(self, nodes, dtype=torch.float16) -> set[int]:
         """The accesses of the ``dtype`` column loads among ``nodes`` read with unit
         stride."""
         p = self.p
@@ -78,7 +78,7 @@ class HalfStaging:
         if not cols:
             return
         p = self.p
-        shared = {k for k in self.half_accesses([x for x in p.nodes if x.id in self.needed])
+        shared = {k for k in self.unit_accesses([x for x in p.nodes if x.id in self.needed])
                   if all(dim_mult(e)[0] is None
                          for e in p.accesses[k].dims[:len(self.frame_rows(k))])}
         for k in sorted(shared):
@@ -95,8 +95,8 @@ class HalfStaging:
         if not cols or not p.reduction or self.passes < 1 or not self.outer:
             return
         nodes = [x for x in p.nodes if x.id in self.needed and x.id not in self.stored]
-        rows = self.half_accesses(nodes) - self.row_staged
-        bools = self.half_accesses(nodes, torch.bool) - self.row_staged if BOOL_ROWS else set()
+        rows = self.unit_accesses(nodes) - self.row_staged
+        bools = self.unit_accesses(nodes, torch.bool) - self.row_staged if BOOL_ROWS else set()
         self.row_staged |= rows | bools
         for k in sorted(rows | bools):
             src = f"in{p.accesses[k].input} + b{k}"
