@@ -122,17 +122,21 @@ def test_permuted_embedding_is_a_gather_in_the_permuted_order(dynamic):
 
 def test_permuted_gather_kept_for_other_readers_and_outputs():
     """A gather that something else reads too, or a permute that is returned (a view with
-    eager's strides), keeps the permute view."""
+    eager's strides) directly or through views, keeps the permute view."""
     torch.manual_seed(12)
     table = torch.randn(10, 3)
 
-    def fn(ids):
+    def fn(ids, t):
         e = F.embedding(ids, table)
-        return e.permute(2, 0, 1) * 2, e + 1, F.embedding(ids, table).permute(1, 0, 2)
+        viewed = F.embedding(ids, t).permute(2, 0, 1)
+        return (e.permute(2, 0, 1) * 2, e + 1, F.embedding(ids, table).permute(1, 0, 2),
+                viewed.unsqueeze(0), viewed.flatten(1) * 3)
 
-    out, ref, _ = compile_run(fn, torch.randint(0, 10, (4, 5)))
-    torch.testing.assert_close(out, ref, **FP32)
-    assert out[2].stride() == ref[2].stride()  # the returned view
+    for backward in (False, True):
+        out, ref, _ = compile_run(fn, torch.randint(0, 10, (4, 5)), torch.randn(10, 3),
+                                  backward=backward)
+        torch.testing.assert_close(out, ref, **FP32)
+        assert [o.stride() for o in out[2:4]] == [r.stride() for r in ref[2:4]]
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -11,7 +11,7 @@ import torch
 from ..ir import OpKind, TensorSpec, TileOp
 from ..ops import OPS
 from ..sizes import contiguous_strides
-from .graph import spec_of
+from .graph import escapes, spec_of
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -41,7 +41,7 @@ def _reshape(ctx, x):
     if PERMUTED_GATHER and isinstance(x, str) \
             and tuple(spec.stride) == contiguous_strides(spec.shape) \
             and tuple(out.stride) != contiguous_strides(out.shape) \
-            and not any(u.op == "output" for u in ctx.node.users):  # returned: eager's strides
+            and not escapes(ctx.node):  # returned: eager's strides
         out = ctx.new_spec(out.shape, out.dtype)
     return _view(ctx, "view", x, out=out, shape=out.shape)
 
@@ -70,8 +70,7 @@ def _permuted_producer(ctx, x, dims) -> str | None:
     if not PERMUTED_GATHER or dims == tuple(range(len(dims))) or not isinstance(x, str):
         return None
     source = ctx.node.args[0]
-    if len(getattr(source, "users", ())) != 1 \
-            or any(u.op == "output" for u in ctx.node.users):  # a returned view keeps strides
+    if len(getattr(source, "users", ())) != 1 or escapes(ctx.node):  # returned: eager's strides
         return None
     op = next((n for n in reversed(ctx.graph.nodes) if getattr(n, "name", None) == x), None)
     if getattr(op, "op", None) == "gather":
