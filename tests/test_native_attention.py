@@ -57,7 +57,8 @@ def _native_on(monkeypatch):
 
 @pytest.mark.parametrize("shape", [(4, 4, 128, 128, 16), (2, 3, 1, 1, 16), (2, 3, 7, 7, 32),
                                    (1, 2, 129, 129, 64), (2, 2, 5, 130, 16),
-                                   (1, 2, 200, 70, 128), (1, 1, 9, 9, 8), (1, 2, 66, 66, 80)])
+                                   (1, 2, 200, 70, 128), (1, 1, 9, 9, 8), (1, 2, 66, 66, 80),
+                                   (4, 4, 65, 65, 16)])  # ViT: 64 patches + CLS
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_aten_fp32(shape, causal):
     _check(*_qkv(*shape, seed=sum(shape)), is_causal=causal)

@@ -62,7 +62,8 @@ def _float64_grads(args, causal, mask, scale):
 
 @pytest.mark.parametrize("shape", [(4, 4, 128, 128, 16), (2, 3, 1, 1, 16), (1, 2, 7, 7, 32),
                                    (2, 2, 129, 129, 64), (1, 2, 20, 300, 16),
-                                   (1, 1, 300, 20, 128), (2, 2, 33, 47, 40), (1, 2, 9, 5, 3)])
+                                   (1, 1, 300, 20, 128), (2, 2, 33, 47, 40), (1, 2, 9, 5, 3),
+                                   (4, 4, 65, 65, 16)])  # ViT: 64 patches + CLS
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_aten_float32(shape, causal):
     torch.manual_seed(sum(shape) + causal)

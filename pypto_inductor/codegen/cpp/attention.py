@@ -19,7 +19,8 @@ scale) -> (output, logsumexp)``), so ATen's own backward takes its ``(out, lse)`
 
 The kernel: one work item per (batch, head, block of 64 queries) under ``omp parallel
 for``; per block of 128 keys, K^T and V are packed as fp32 (zero-padded to a multiple of 16
-in the head dim), scores come from a register tile of RT rows x 16/RT vectors of 16 keys,
+in the head dim), scores come from a register tile of RT rows x 16/RT vectors of 16 keys
+(the last keys one vector at a time: 65 keys cost 80, not 96),
 the online softmax rescales the running output (exp: the prelude's vectorised ``pi_exp``),
 and P V is a register tile of RT rows x D/16 vectors. Head dims up to 128 are templates
 on D/16, each (dtype, D/16) instance its own library, built when a graph first binds it
@@ -139,6 +140,33 @@ static void pa_pack_kv(const typename PaT<DT>::T* k, const typename PaT<DT>::T* 
   }
 }
 
+// S[r][0, 16 C) = Q[r] . K^T[:, 0, 16 C) for RT rows: a register tile of RT x C vectors
+template <int NV, int RT, int C>
+static inline __attribute__((always_inline)) void pa_scores(const float* Qs, const float* kt,
+                                                            float* S) {
+  constexpr int DP = NV * 16;
+  pa_v16 acc[RT][C];
+#pragma GCC unroll 16
+  for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = pa_v16{};
+  for (int d = 0; d < DP; ++d) {
+    pa_v16 kv[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) kv[c] = *(const pa_v16*)&kt[d * PA_BK + c * 16];
+#pragma GCC unroll 16
+    for (int r = 0; r < RT; ++r) {
+      const float qv = Qs[r * DP + d];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[r][c] += qv * kv[c];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < RT; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) *(pa_v16*)&S[r * PA_BK + c * 16] = acc[r][c];
+}
+
 // one block of queries [i0, i0 + nq) of head (b, h) against the packed keys [0, kend)
 template <int DT, int NV, int RT>
 static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int64_t i0,
@@ -183,30 +211,13 @@ static void pa_block(void* const* p, const PaArgs& a, int64_t b, int64_t h, int6
       // causal: the tile's rows see keys up to i0 + r0 + RT - 1 (none of this block: skip)
       const int64_t nkt = a.causal ? std::min<int64_t>(nk, i0 + r0 + RT - j0) : nk;
       if (nkt <= 0) continue;
-      const int64_t nkpt = (nkt + TK - 1) / TK * TK;
-      // scores: RT rows x nkp keys, a register tile of RT x CV vectors
-      for (int64_t jv = 0; jv < nkpt; jv += TK) {
-        pa_v16 acc[RT][CV];
-#pragma GCC unroll 16
-        for (int r = 0; r < RT; ++r)
-#pragma GCC unroll 16
-          for (int c = 0; c < CV; ++c) acc[r][c] = pa_v16{};
-        for (int d = 0; d < DP; ++d) {
-          pa_v16 kv[CV];
-#pragma GCC unroll 16
-          for (int c = 0; c < CV; ++c) kv[c] = *(const pa_v16*)&kt[d * PA_BK + jv + c * 16];
-#pragma GCC unroll 16
-          for (int r = 0; r < RT; ++r) {
-            const float qv = Qs[(r0 + r) * DP + d];
-#pragma GCC unroll 16
-            for (int c = 0; c < CV; ++c) acc[r][c] += qv * kv[c];
-          }
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < RT; ++r)
-#pragma GCC unroll 16
-          for (int c = 0; c < CV; ++c) *(pa_v16*)&S[r * PA_BK + jv + c * 16] = acc[r][c];
-      }
+      // scores: RT rows x the tile's keys (whole vectors), register tiles of RT x CV
+      // vectors, then of RT x 1 for the last keys (65 keys: 80 computed, not 96)
+      const int64_t nkpt = (nkt + 15) / 16 * 16, nkm = nkpt / TK * TK;
+      for (int64_t jv = 0; jv < nkm; jv += TK)
+        pa_scores<NV, RT, CV>(Qs + r0 * DP, kt + jv, S + jv);
+      for (int64_t jv = nkm; jv < nkpt; jv += 16)
+        pa_scores<NV, RT, 1>(Qs + r0 * DP, kt + jv, S + jv);
       // online softmax per row: mask and max, then exp and sum; S becomes P
       for (int r = 0; r < RT; ++r) {
         float* __restrict s = S + r * PA_BK;
@@ -305,7 +316,7 @@ template <int DT, int NV>
 static void pa_run(void* const* p, const PaArgs& a, int nt) {
   typedef typename PaT<DT>::T T;
   constexpr int RT = NV == 1 ? 8 : NV == 2 ? 8 : NV <= 4 ? 4 : 2;
-  constexpr int DP = NV * 16, TK = 16 / RT * 16;
+  constexpr int DP = NV * 16;
   const int64_t nqb = (a.Lq + PA_BQ - 1) / PA_BQ, heads = a.B * a.H;
   // query blocks per item: all of a head's, unless that leaves threads idle
   int64_t per = nqb;
@@ -317,7 +328,7 @@ static void pa_run(void* const* p, const PaArgs& a, int nt) {
     const int64_t q0 = run * per * PA_BQ, q1 = std::min<int64_t>(a.Lq, q0 + per * PA_BQ);
     const int64_t nk = a.causal ? std::min<int64_t>(a.Lk, q1) : a.Lk;
     const int64_t nkb = (nk + PA_BK - 1) / PA_BK * PA_BK;  // Kt's whole blocks
-    const int64_t nkp = (nk + TK - 1) / TK * TK;  // the keys the score tiles read
+    const int64_t nkp = (nk + 15) / 16 * 16;  // the keys the score tiles read
     float* Kt = pa_buffer((size_t)(2 * nkb * DP));
     float* Vp = Kt + nkb * DP;
     const int64_t hk = h / a.group;  // GQA: K/V heads shared by `group` query heads

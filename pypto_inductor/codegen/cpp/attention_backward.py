@@ -72,7 +72,7 @@ PI_INLINE void pa_st(float* p, pa_v v) { *(pa_vu*)p = v; }
 // (not z + s: 0 + s is an add, -0.0 + 0.0 being +0.0)
 PI_INLINE pa_v pa_splat(float s) { return (pa_v){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
-static const int64_t PA_BM = 32;   // queries per block (rows are padded to 16)
+static const int64_t PA_BM = 32;   // queries per block (rows are padded to 4)
 static const int64_t PA_BN = 256;  // keys per block at most; the P and dS blocks' row stride
 // (a constant: pa_dq's 16 rows are offsets of one pointer, not 16 registers)
 
@@ -217,13 +217,16 @@ PI_INLINE void pa_dq_tile(float* dQ, const float* dS, int64_t lds, const float* 
     for (int v = 0; v < DV; ++v) pa_st(dQ + r * DP + 16 * v, acc[r][v]);
 }
 
-// rows: a multiple of 16
+// rows: a multiple of 4 (tiles of R rows, then of 4)
 template <int DV>
 static __attribute__((noinline)) void pa_dq(float* dQ, const float* dS, int64_t nc,
                                             const float* Kf, int64_t rows) {
   constexpr int R = DV == 1 ? 16 : DV == 2 ? 8 : DV == 4 ? 4 : 2;
-  for (int64_t r = 0; r < rows; r += R)
+  int64_t r = 0;
+  for (; r + R <= rows; r += R)
     pa_dq_tile<DV, R>(dQ + r * DV * 16, dS + r * PA_BN, PA_BN, Kf, nc);
+  for (; r < rows; r += 4)
+    pa_dq_tile<DV, 4>(dQ + r * DV * 16, dS + r * PA_BN, PA_BN, Kf, nc);
 }
 
 // ---- staging -----------------------------------------------------------------------------
@@ -523,7 +526,7 @@ extern "C" void pa_flash_backward_call(void* const* p, const int64_t*, const int
   J.dt = (int)s[37];
   J.mdt = (int)s[38];
   J.scale = pi_f((uint32_t)s[39]);
-  J.Mp = pa_up16(J.M);
+  J.Mp = (J.M + 3) & ~(int64_t)3;  // the row tiles' multiple: 65 rows cost 68, not 80
   J.BN = std::min(pa_up16(J.N), PA_BN);
   const int64_t DP = J.D <= 16 ? 16 : J.D <= 32 ? 32 : J.D <= 64 ? 64 : 128;
   const size_t bytes = (pa_workspace_floats(J.Mp, DP, J.BN) * 4 + 63) & ~(size_t)63;
