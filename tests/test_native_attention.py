@@ -220,6 +220,38 @@ def test_switch_off_keeps_aten_and_reports_why(monkeypatch):
     assert "id='extern-native'" in html and "NATIVE_ATTENTION is off" in html
 
 
+@pytest.mark.parametrize("dtype, causal, d, native_fw, native_bw", [
+    (torch.float32, False, 64, False, True), (torch.float32, False, 96, False, False),
+    (torch.float32, True, 64, True, True), (torch.bfloat16, False, 64, True, True),
+    (torch.float32, False, 32, True, True)])
+def test_aten_runs_where_it_measured_faster(dtype, causal, d, native_fw, native_bw):
+    """float32 without a causal mask: ATen's forward from head dim 48, its backward for
+    head dims padded to 128 (attention.aten_faster); eager's values and gradients either
+    way, and the report says which kernel runs and why."""
+    torch._dynamo.reset()
+    q, k, v = (t.to(dtype).requires_grad_() for t in _qkv(2, 2, 9, 9, d, seed=d))
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal) * 2
+
+    go = torch.randn(2, 2, 9, d, dtype=dtype)
+    with collect() as graphs:
+        out = torch.compile(f, backend="pypto")(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), go)
+    ref = f(q, k, v)
+    want = torch.autograd.grad(ref, (q, k, v), go)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    # sums over keys in another order (ATen's blocks or ours); bfloat16: ATen rounds P, dS
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(grads, want, **tol)
+    decisions = {g.to_dict()["name"].split("_")[-1]: list(g.to_dict()["extern_native"].values())
+                 for g in graphs}
+    assert [e["native"] for e in decisions["forward"]] == [native_fw], decisions
+    assert [e["native"] for e in decisions["backward"]] == [native_bw], decisions
+    for e in decisions["forward"] + decisions["backward"]:
+        assert e["native"] or "measured faster" in e["reason"], e
+
+
 @pytest.mark.parametrize("name", ["bert", "llama"])  # llama: GQA
 def test_zoo_model_forward_uses_native_kernel(name, monkeypatch):
     calls = _spy(monkeypatch)

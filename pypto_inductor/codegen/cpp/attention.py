@@ -503,12 +503,33 @@ def bind_forward(step, specs) -> tuple:
     mspec = specs.get(getattr(mask, "name", None)) if mask is not None else None
     if not isinstance(dropout, (int, float)):
         return None, "symbolic dropout_p"
-    why = _unsupported_specs(q, k, v, dropout, mspec, mask is not None)
+    why = _unsupported_specs(q, k, v, dropout, mspec, mask is not None) or aten_faster(
+        q.dtype, q.shape[-1], kwargs.get("is_causal", args[4] if len(step.args) > 4 else False), backward=False)
     if why is not None:
         return None, why
     return flash_forward_bound, (f"native flash-attention forward (codegen/cpp/attention.py, "
                                  f"D={q.shape[-1]}, {q.dtype}): fp32 online softmax, "
                            "~2x ATen's flash kernel at the zoo's shape (docs/ARCHITECTURE.md)")
+
+
+def aten_faster(dtype, head_dim, is_causal, backward: bool) -> str | None:
+    """Why ATen's flash kernel runs an SDPA the native kernels could run: where it measured
+    faster (one thread, 15 interleaved rounds; docs/benchmarks.md "Session 23"). In float32
+    without a causal mask ATen's blocks are BLAS GEMMs, which beat our register tiles in
+    the forward from head dim 48 ([4, 12, 128, 64]: 3.4 against 4.1 ms) and in the backward
+    where our kernel pads the head dim by a fifth or more (80, 96 -> 128). Causal masks
+    (our kernels skip masked tiles), half types (ATen rounds P and dS) and the zoo's head
+    dims 16 and 32 are ours."""
+    if dtype != torch.float32 or is_causal is not False or is_symbolic(head_dim):
+        return None
+    d = int(head_dim)
+    if not backward and d > 32:
+        return (f"float32, no causal mask, head dim {d} > 32: ATen's flash kernel (BLAS "
+                "blocks) measured faster than the native forward")
+    if backward and 64 < d < 128:
+        return (f"float32, no causal mask, head dim {d} padded to 128 in the native backward: "
+                "ATen's measured faster")
+    return None
 
 
 def _unsupported_specs(q, k, v, dropout, mspec, has_mask) -> str | None:

@@ -712,6 +712,9 @@ def bind(step, specs) -> tuple:
         return None, f"dtype {q.dtype} (native: float32, bfloat16, float16)"
     d = q.shape[-1]  # a constant head dim: its instance builds now, else on the first call
     d = int(d) if getattr(d, "is_Integer", False) else d
+    why = attention.aten_faster(q.dtype, d, args[7], backward=True)
+    if why is not None:
+        return None, why
     if (native_kernel(DTYPES[q.dtype], head_block(int(d))) if isinstance(d, int)
             else native_call.extension_call_status()) is None:
         return None, "no native call extension (C++ compiler / Python headers)"
