@@ -200,6 +200,25 @@ def test_bf16_autocast_forward_backward_matches_eager(name, quiet):
     assert_compiled_whole(graphs, {"forward", "backward"})
 
 
+# Activation checkpointing wraps each layer's random ops (SDPA, for its dropout) in
+# AOTAutograd's RNG-state higher-order ops, which used to send the whole graph eagerly:
+# causal SDPA (LLaMA), a padding mask (BERT), a vision encoder (ViT).
+@pytest.mark.parametrize("name", ["llama", "bert", "vit"])
+def test_gradient_checkpointing_training_matches_eager(name, quiet):
+    model = zoo.build(name).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref_model = copy.deepcopy(model)
+    batch = zoo.batch(name, seed=4)
+    with collect() as graphs:
+        loss = torch.compile(model, backend="pypto")(**batch)["loss"]
+        loss.backward()
+    ref_loss = ref_model(**batch)["loss"]
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, **FP32)
+    assert_grads_close(model, ref_model, FP32)
+    assert_compiled_whole(graphs, {"forward", "backward"})
+
+
 OPTIMIZERS = {
     "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),

@@ -283,8 +283,20 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env, config: Config):
         # correction): also a size expression, printed with sym_float / FloatTrueDiv
         e = sym_expr(val)
         return e if is_symbolic(e) else float(e)
+    if target is _RUN_AND_SAVE_RNG:
+        # activation checkpointing: the forward saves the RNG state before a random op
+        # (SDPA: its dropout) that the backward recomputes with run_with_rng_state; the
+        # node has no "val", and its result nests the op's tuple: one extern step
+        # returning them flat, then nested back for the graph's getitems
+        state, result = _fake_value(node)
+        nested = isinstance(result, (tuple, list))
+        names = _extern(ctx, node, env, EAGER_BY_CHOICE[target], fn=run_and_save_rng_state_flat,
+                        val=(state, *result) if nested else (state, result))
+        return (names[0], names[1:]) if nested else names
     if isinstance(target, torch._ops.HigherOrderOperator):
-        return _extern(ctx, node, env, "higher-order op: runs eagerly, calling its subgraphs")
+        reason = EAGER_BY_CHOICE.get(target, "higher-order op: runs eagerly, calling its subgraphs")
+        return _extern(ctx, node, env, reason,
+                       val=node.meta["val"] if "val" in node.meta else _fake_value(node))
     if not isinstance(target, torch._ops.OpOverload):
         return _extern(ctx, node, env, f"{op_name(target)} is not an ATen op")
     if target is _LIFT and isinstance(node.args[0], fx.Node) \
@@ -353,6 +365,11 @@ EAGER_BY_CHOICE = {
     _aten.convolution.default: "convolution: the oneDNN/GEMM kernel eager uses; no tile form",
     _aten.convolution_backward.default:
         "convolution backward: the oneDNN/GEMM kernels eager uses; no tile form",
+    torch.ops.higher_order.run_and_save_rng_state:
+        "activation checkpointing's RNG state saved before a random op (SDPA: its dropout), "
+        "which runs eagerly: the backward replays it from that state",
+    torch.ops.higher_order.run_with_rng_state:
+        "activation checkpointing's replay of a random op from the forward's RNG state",
     torch.ops.pypto_inductor.conv_fused.default:
         "inference conv chain (lowering/conv.py): one oneDNN convolution with the BatchNorm "
         "folded into its weights and the add/ReLU as post-ops",
@@ -397,7 +414,28 @@ def _tensor_vals(node: fx.Node):
                 yield leaf
 
 
-def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
+_RUN_AND_SAVE_RNG = torch.ops.higher_order.run_and_save_rng_state
+
+
+def run_and_save_rng_state_flat(op, *args, **kwargs):
+    """``run_and_save_rng_state`` with the op's tuple result flattened into its own."""
+    state, result = _RUN_AND_SAVE_RNG(op, *args, **kwargs)
+    return (state, *result) if isinstance(result, (tuple, list)) else (state, result)
+
+
+def _fake_value(node: fx.Node):
+    """A node's result on fake tensors, for the higher-order ops AOTAutograd's partitioner
+    inserts without a "val" (the RNG replay of activation checkpointing)."""
+    args, kwargs = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a,
+                            (node.args, dict(node.kwargs)))
+    fake_mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves((args, kwargs)))
+    if fake_mode is None:
+        raise GraphNotLowerable(f"{node.name} ({op_name(node.target)}) has no traced value")
+    with fake_mode:
+        return node.target(*args, **kwargs)
+
+
+def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str, fn=None, val=None):
     graph = ctx.graph
 
     def ref(a):
@@ -408,7 +446,7 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
 
     args = tree_map(ref, node.args)
     kwargs = tree_map(ref, dict(node.kwargs))
-    val = node.meta.get("val")
+    val = node.meta.get("val") if val is None else val
     if node.users and isinstance(val, (float, torch.SymFloat)):
         # an extern's result is a tensor slot: a number the graph reads would reach its
         # readers as None (a silent wrong default), so the graph runs eagerly instead
@@ -427,7 +465,7 @@ def _extern(ctx: LoweringContext, node: fx.Node, env, reason: str):
     for o, s in zip(outputs, specs):
         if o:
             graph.specs[o] = s
-    fn = DIRECT_CALLS.get(node.target, node.target)
+    fn = fn or DIRECT_CALLS.get(node.target, node.target)
     graph.nodes.append(ExternOp(node.name, fn, args, kwargs, outputs, specs,
                                 reason, tuple_result))
     return tuple(outputs) if tuple_result else outputs[0]
