@@ -101,3 +101,29 @@ def test_dynamic_slice_and_cat(tol):
         return torch.cat([tail, head * 2], dim=1).relu() + x[:, -1:]
 
     _run_sizes(f, [(3, 8), (4, 10), (5, 7), (2, 13)], tol)
+
+
+@pytest.mark.parametrize("keeps", [(3, 5, 0), (0, 3, 5)])
+def test_slice_from_an_int_input_counts_from_the_end(keeps):
+    """``hidden[:, -keep:]`` for an int input (transformers' ``logits_to_keep``, 0: every
+    position): under dynamic=True ``-keep`` is a symbolic start whose sign sympy cannot
+    tell. Its backward's slice_scatter needs the start counted from the end (a negative
+    narrow length raised), and with ``keep`` 0 the zero rows before it are an empty part
+    only at run time (the fused LayerNorm backward read it out of bounds: a segfault)."""
+    torch.manual_seed(5)
+    norm = torch.nn.LayerNorm(16)
+    w = torch.randn(16, 8, requires_grad=True)
+
+    def f(h, keep):
+        y = norm(h * 2)
+        return y[:, -keep:, :] @ w, y
+
+    compiled = torch.compile(f, backend="pypto", dynamic=True)
+    for keep in keeps:
+        h = torch.randn(2, 6, 16, requires_grad=True)
+        out, ref = compiled(h, keep), f(h, keep)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        grads = [torch.randn_like(r) for r in ref]
+        got = torch.autograd.grad(out, (h, w, *norm.parameters()), grads)
+        want = torch.autograd.grad(ref, (h, w, *norm.parameters()), grads)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -24,7 +24,8 @@ import sympy
 import torch
 
 from ..ir import OpKind, TensorSpec, TileOp
-from .layout import clamp_index
+from ..sizes import is_symbolic
+from .layout import may_be_empty, slice_start
 from .registry import Unsupported, register_lowering
 
 aten = torch.ops.aten
@@ -221,12 +222,14 @@ def lower_slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     ndim = len(spec.shape)
     dim = int(dim) % ndim
     size = spec.shape[dim]
-    if int(step) != 1 or ctx.spec(src).dtype != spec.dtype:
-        return ctx.emit("slice_scatter", OpKind.BROADCAST, (x, src), dim=dim,
-                        start=sympy.Integer(0) if start is None else start,
-                        end=size if end is None else end, step=int(step))
-    start = clamp_index(sympy.Integer(0) if start is None else start, size)
     length = ctx.spec(src).shape[dim]
+    start = slice_start(start, end, size, length, step)
+    # a part that is empty only at run time would be read out of its tensor by the cat's
+    # select (both parts of a row are loaded): the generic op then
+    if int(step) != 1 or ctx.spec(src).dtype != spec.dtype or any(
+            is_symbolic(n) and may_be_empty(ctx, n) for n in (start, size - start - length)):
+        return ctx.emit("slice_scatter", OpKind.BROADCAST, (x, src), dim=dim, start=start,
+                        end=size if end is None else end, step=int(step))
     parts = []
     for lo, n in ((sympy.Integer(0), start), (start, None), (start + length, size - start - length)):
         if n is None:

@@ -10,7 +10,7 @@ import torch
 
 from ..ir import OpKind, TensorSpec, TileOp
 from ..ops import OPS
-from ..sizes import contiguous_strides
+from ..sizes import contiguous_strides, is_symbolic
 from .graph import escapes, spec_of
 from .registry import Unsupported, register_lowering
 
@@ -226,13 +226,36 @@ def lower_slice(ctx, x, dim=0, start=None, end=None, step=1):
     in_shape = ctx.spec(x).shape
     dim = int(dim) % len(in_shape)
     size = in_shape[dim]
-    start = sympy.Integer(0) if start is None else start
     if int(step) <= 0:
         raise Unsupported("slice with a non-positive step")
-    start = clamp_index(start, size)
     # The output length is known from the metadata; keep start and length symbolic.
-    return _view(ctx, "slice", x, dim=dim, start=start, length=ctx.out_spec.shape[dim],
-                 step=int(step))
+    length = ctx.out_spec.shape[dim]
+    return _view(ctx, "slice", x, dim=dim, start=slice_start(start, end, size, length, step),
+                 length=length, step=int(step))
+
+
+def slice_start(start, end, size, length, step=1):
+    """Where ``x[start:end:step]`` along a dim of ``size`` starts, ``length`` long (traced).
+    A symbolic start whose sign sympy cannot tell (``x[:, -k:]`` for an int input ``k``)
+    counts from the end when negative, which only the trace knew: a slice to the end
+    (step 1) starts at ``size - length``."""
+    start = sympy.Integer(0) if start is None else start
+    if not is_symbolic(start) or start.is_nonnegative:
+        return clamp_index(start, size)
+    if int(step) == 1 and (end is None or (not is_symbolic(end) and int(end) >= 2 ** 62)):
+        return size - length
+    raise Unsupported(f"a slice starting at {start}, whose sign is not known at compile time")
+
+
+def may_be_empty(ctx, length) -> bool:
+    """Whether a symbolic ``length`` may be 0 at run time (by the trace's value ranges)."""
+    if not is_symbolic(length):
+        return int(length) == 0
+    env = getattr(getattr(ctx.node.meta.get("val"), "fake_mode", None), "shape_env", None)
+    try:
+        return env is None or env.bound_sympy(length).lower < 1
+    except Exception:  # noqa: BLE001 - an expression sympy cannot bound: assume it may
+        return True
 
 
 def clamp_index(index, size):
