@@ -223,7 +223,7 @@ def lower_slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     dim = int(dim) % ndim
     size = spec.shape[dim]
     length = ctx.spec(src).shape[dim]
-    start = slice_start(start, end, size, length, step)
+    start = slice_start(ctx, start, end, size, length, step)
     # a part that is empty only at run time would be read out of its tensor by the cat's
     # select (both parts of a row are loaded): the generic op then
     if int(step) != 1 or ctx.spec(src).dtype != spec.dtype or any(

@@ -230,32 +230,37 @@ def lower_slice(ctx, x, dim=0, start=None, end=None, step=1):
         raise Unsupported("slice with a non-positive step")
     # The output length is known from the metadata; keep start and length symbolic.
     length = ctx.out_spec.shape[dim]
-    return _view(ctx, "slice", x, dim=dim, start=slice_start(start, end, size, length, step),
+    return _view(ctx, "slice", x, dim=dim, start=slice_start(ctx, start, end, size, length, step),
                  length=length, step=int(step))
 
 
-def slice_start(start, end, size, length, step=1):
+def slice_start(ctx, start, end, size, length, step=1):
     """Where ``x[start:end:step]`` along a dim of ``size`` starts, ``length`` long (traced).
-    A symbolic start whose sign sympy cannot tell (``x[:, -k:]`` for an int input ``k``)
-    counts from the end when negative, which only the trace knew: a slice to the end
-    (step 1) starts at ``size - length``."""
+    A symbolic start that may be negative by the trace's value ranges (``x[:, -k:]`` for
+    an int input ``k``) counts from the end when it is, which only the trace knew: a slice
+    to the end (step 1) starts at ``size - length``."""
     start = sympy.Integer(0) if start is None else start
-    if not is_symbolic(start) or start.is_nonnegative:
+    if not is_symbolic(start) or start.is_nonnegative or _lower_bound(ctx, start) >= 0:
         return clamp_index(start, size)
     if int(step) == 1 and (end is None or (not is_symbolic(end) and int(end) >= 2 ** 62)):
         return size - length
-    raise Unsupported(f"a slice starting at {start}, whose sign is not known at compile time")
+    raise Unsupported(f"a slice starting at {start}, which may be negative")
 
 
 def may_be_empty(ctx, length) -> bool:
-    """Whether a symbolic ``length`` may be 0 at run time (by the trace's value ranges)."""
-    if not is_symbolic(length):
-        return int(length) == 0
+    """Whether a ``length`` may be 0 at run time (by the trace's value ranges)."""
+    return _lower_bound(ctx, length) < 1
+
+
+def _lower_bound(ctx, expr):
+    """The least value of a size expression over the trace's value ranges (-inf: unknown)."""
+    if not is_symbolic(expr):
+        return int(expr)
     env = getattr(getattr(ctx.node.meta.get("val"), "fake_mode", None), "shape_env", None)
     try:
-        return env is None or env.bound_sympy(length).lower < 1
-    except Exception:  # noqa: BLE001 - an expression sympy cannot bound: assume it may
-        return True
+        return env.bound_sympy(expr).lower
+    except Exception:  # noqa: BLE001 - no shape env, or an expression it cannot bound
+        return -sympy.oo
 
 
 def clamp_index(index, size):
