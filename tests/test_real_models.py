@@ -201,7 +201,7 @@ def test_bf16_autocast_forward_backward_matches_eager(name, quiet):
 
 
 # Activation checkpointing wraps each layer's random ops (SDPA, for its dropout) in
-# AOTAutograd's RNG-state higher-order ops, which used to send the whole graph eagerly:
+# AOTAutograd's RNG-state higher-order ops, which sent the whole graph eagerly:
 # causal SDPA (LLaMA), a padding mask (BERT), a vision encoder (ViT).
 @pytest.mark.parametrize("name", ["llama", "bert", "vit"])
 def test_gradient_checkpointing_training_matches_eager(name, quiet):
@@ -217,6 +217,9 @@ def test_gradient_checkpointing_training_matches_eager(name, quiet):
     torch.testing.assert_close(loss, ref_loss, **FP32)
     assert_grads_close(model, ref_model, FP32)
     assert_compiled_whole(graphs, {"forward", "backward"})
+    # no dropout: SDPA's forward, its recompute and its backward run the native kernels
+    native = [e for g in graphs for e in g.to_dict()["extern_native"].values()]
+    assert len(native) >= 3 and all(e["native"] for e in native), native
 
 
 # dynamic=True training over sequence lengths: GPT-2's ``hidden[:, -logits_to_keep:]``

@@ -20,12 +20,16 @@ calibration times.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import Callable
+
+import torch
 
 from ...ir import FusionTile, OpKind, TileGraph
 from .. import Kernel, reference
 from ...lowering import conv as conv_lowering
+from ...lowering.graph import run_and_save_rng_state_flat
 from . import attention, attention_backward, compiler, index_put, matmul, onednn_conv, pooling
 from .analysis import analyse
 from .emit_columns import ColumnEmitter
@@ -62,6 +66,39 @@ NATIVE_EXTERNS = {attention.ATEN_FORWARD: attention.bind_forward,
                   attention_backward.ATEN_BACKWARD: attention_backward.bind,
                   pooling.ATEN_FORWARD: pooling.bind_forward,
                   pooling.ATEN_BACKWARD: pooling.bind_backward}
+
+
+# Activation checkpointing wraps each random op in RNG-state ops (lowering/graph.py): the
+# forward's run_and_save_rng_state (as lowering's run_and_save_rng_state_flat) and the
+# backward's run_with_rng_state around an op with a native kernel (SDPA) run that kernel
+# where the op's binder takes it. Those binders take no dropout: the native kernels draw no
+# random numbers, so the state is still saved for the replay, which needs none.
+def _bind_rng_saved(step, specs):
+    return _bind_inner(step, 0, specs, _state_then)
+
+
+def _bind_rng_replay(step, specs):
+    return _bind_inner(step, 1, specs, _without_state)
+
+
+def _bind_inner(step, at: int, specs, wrap):
+    binder = NATIVE_EXTERNS.get(step.args[at])
+    if binder is None:
+        return None
+    fn, why = binder(dataclasses.replace(step, fn=step.args[at], args=step.args[at + 1:]), specs)
+    return (None, why) if fn is None else (functools.partial(wrap, fn), why)
+
+
+def _state_then(fn, op, *args, **kwargs):
+    return (torch.get_rng_state(), *fn(*args, **kwargs))
+
+
+def _without_state(fn, state, op, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+NATIVE_EXTERNS[run_and_save_rng_state_flat] = _bind_rng_saved
+NATIVE_EXTERNS[torch.ops.higher_order.run_with_rng_state] = _bind_rng_replay
 
 
 # inference convolutions as oneDNN primitives held per call site (with a oneDNN install)
