@@ -28,7 +28,10 @@ from .ir import ExternOp
 from .lowering import GraphNotLowerable, decomposition_table, lower_graph
 from .lowering.attention import rewrite_attention
 from .lowering.conv import rewrite_convolutions
-from .lowering.conv_layout import compute_channels_last, use_channels_last
+from .lowering.conv_layout import (compute_channels_last, keep_eager_output_layouts,
+                                   use_channels_last)
+from .lowering.identity_ops import drop_identity_ops
+from .lowering.patch_conv import patchify_convolutions
 from .lowering.cse import cse
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
@@ -104,9 +107,11 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
         if device:
             raise GraphNotLowerable(device)
         compute_channels_last(gm)
+        context = torch._guards.TracingContext.try_get()
+        drop_identity_ops(gm, getattr(context and context.fw_metadata, "num_forward", None)
+                          if name.endswith("_forward") else None)
         traced = traced_noncontiguous(gm) if name.endswith("_forward") else set()
         if name.endswith(("_forward", "_backward")):  # a training graph: see saved_layouts
-            context = torch._guards.TracingContext.try_get()
             restride(gm, context and context.fw_metadata, name.endswith("_backward"))
         graph = lower_graph(_cse(gm) if CSE_INFERENCE and name.endswith("_inference") else gm,
                             config, name)
@@ -128,8 +133,8 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
     if attention:
         plan.decisions[:0] = [_attention_decision(d) for d in attention]
         attention.clear()
-    if convs:  # the inference conv chains (lowering/conv.py), reported with the first graph
-        plan.decisions[:0] = [Decision(a, b, True, why, _conv_roi(c, hw))
+    if convs:  # the conv rewrites (lowering/conv.py, patch_conv.py), with the first graph
+        plan.decisions[:0] = [Decision(a, b, True, why, c and _conv_roi(c, hw))
                               for a, b, why, c in convs]
         convs.clear()
     context = torch._guards.TracingContext.try_get()
@@ -209,10 +214,13 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None):
     if config.fusion and config.fuse_attention:  # before AOTAutograd: see lowering/attention.py
         attention = rewrite_attention(gm, hw, config.roi_threshold or hw.default_roi_threshold)
     # a convolution forced eager (fallback_ops) stays ATen's convolution
-    convs = rewrite_convolutions(gm, example_inputs) if config.fusion and not \
-        config.forced_fallback("aten.convolution.default") else []
-    if config.fusion and not convs:  # a training graph: convolutions channels-last
-        use_channels_last(gm, example_inputs)
+    conv_ok = config.fusion and not config.forced_fallback("aten.convolution.default")
+    convs = rewrite_convolutions(gm, example_inputs) if conv_ok else []
+    patches = patchify_convolutions(gm) if conv_ok else []
+    # (use_channels_last: a training graph's convolutions channels-last)
+    if config.fusion and (convs or patches or use_channels_last(gm, example_inputs)):
+        keep_eager_output_layouts(gm)
+    convs += patches
     compilers = dict(
         fw_compiler=lambda g, ex, rec=None: compile_graph(g, ex, config, "forward",
                                                           attention, convs, rec),

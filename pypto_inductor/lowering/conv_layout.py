@@ -34,6 +34,7 @@ import operator
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch._prims_common import is_channels_last_contiguous_or_false, is_contiguous_or_false
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 CHANNELS_LAST_TRAINING = True
@@ -76,6 +77,38 @@ def use_channels_last(gm: fx.GraphModule, example_inputs) -> list[str]:
     graph.lint()
     gm.recompile()
     return [n.name for n in nodes]
+
+
+def keep_eager_output_layouts(gm: fx.GraphModule) -> None:
+    """Give the graph's outputs eager's memory format again after a layout pass (this one,
+    :mod:`.patch_conv`, :mod:`.conv`'s channels-last chains): a feature map returned
+    channels-last where eager's is contiguous breaks the caller's ``.view`` (Inductor's
+    ``keep_output_stride`` does the same). Eager's layouts are the output values' example
+    values, which the passes leave as traced; ``contiguous`` of a tensor already in that
+    format traces to nothing."""
+    graph = gm.graph
+    out = graph.output_node()
+    changed = False
+
+    def restore(a):
+        nonlocal changed
+        v = _val(a)
+        if not isinstance(v, torch.Tensor) or a.op == "placeholder":
+            return a
+        for fmt, known in ((torch.contiguous_format, is_contiguous_or_false),
+                           (torch.channels_last, is_channels_last_contiguous_or_false)):
+            if known(v) and (fmt is torch.contiguous_format or v.dim() == 4):
+                with graph.inserting_before(out):
+                    new = graph.call_method("contiguous", (a,), {"memory_format": fmt})
+                new.meta["example_value"] = v
+                changed = True
+                return new
+        return a
+
+    out.args = fx.node.map_arg(out.args, restore)
+    if changed:
+        graph.lint()
+        gm.recompile()
 
 
 # ---- the ATen graphs: channels-last values computed in NHWC order --------------------------
