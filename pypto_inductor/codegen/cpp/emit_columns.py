@@ -53,6 +53,13 @@ NARROW_ROWS = 8
 # element at a time). The same elements are read in the same order: bit-exact.
 # Switch: the benchmark's "before".
 MERGED_REDUCED_DIMS = True
+# Blocks run along the last kept dim, so a column sum keeping [4, 128, 128] of a contiguous
+# [4, 4, 128, 128] (the gradient of a bias broadcast over the batch: T5's position bias) ran
+# 512 blocks of 128 rows, 4 reduced elements each: 109 us, ATen 35. When every access's kept
+# dims merge (a run-time check once per call, as MERGED_REDUCED_DIMS), the blocks run along
+# all the kept elements instead: the same elements summed in the same order, bit-exact.
+# Switch: the benchmark's "before".
+MERGED_KEPT_DIMS = True
 # A tile of several passes (BatchNorm's statistics: the mean, then the squared deviations
 # from it) with too few blocks of kept elements for the threads (16 channels: one block)
 # ran on one thread. It splits the reduced elements between the threads per pass too, as a
@@ -100,7 +107,14 @@ class ColumnEmitter(RowEmitter):
         # prefetcher starts over on every one (two threads then run as slowly as one:
         # docs/benchmarks.md). So too few blocks for the threads split the columns (partial
         # sums), or when there is more than one pass, the blocks.
-        var("int64_t", {"K": f"D{last}", "Ro": "K > 0 ? R / K : 0"})
+        # MERGED_KEPT_DIMS: blocks along all the kept elements when their dims merge
+        cases = narrow_counts(p.shape[last])
+        if MERGED_KEPT_DIMS and last > 0 and (not cases or cases == range(1, NARROW_ROWS)) \
+                and not any(x.kind in ("gather", "iota") for x in p.nodes):
+            var("bool", {"kept_merged": " && ".join(self.kept_checks())})
+            var("int64_t", {"K": f"kept_merged ? R : D{last}", "Ro": "K > 0 ? R / K : 0"})
+        else:
+            var("int64_t", {"K": f"D{last}", "Ro": "K > 0 ? R / K : 0"})
         var("int64_t", {"NB": f"std::min<int64_t>({ROWS_PER_BLOCK}, std::max<int64_t>(K, 1))",
                         "S": "1"}, const=False)
         w("  if (nt > 1 && Ro * ((K + NB - 1) / NB) < nt) {")
@@ -127,6 +141,16 @@ class ColumnEmitter(RowEmitter):
             self.end_items()
             w("}")
             return "\n".join(self.lines) + "\n"
+        # unsplit (S = 1: one thread, or blocks enough for the threads): one loop, no part
+        # arrays (S * R totals written, read back and freed per call: 512 KiB for 64K kept
+        # elements, page faults included)
+        w("  if (S == 1) {")
+        outside = dict(self.kernel_vars)
+        self.work_items("W", split=False)
+        self.body(outs)
+        self.end_items()
+        self.kernel_vars = outside
+        w("  } else {")
         # pass 1 per (block, column part) into partial accumulators, then one item per
         # block combines them
         self.alloc_parts(reds)
@@ -143,6 +167,7 @@ class ColumnEmitter(RowEmitter):
         self.outputs()
         self.end_items()
         self.free_parts(reds)
+        w("  }")
         w("}")
         return "\n".join(self.lines) + "\n"
 
@@ -486,6 +511,18 @@ class ColumnEmitter(RowEmitter):
             # each block's partial into the total, the partial reset for the next block
             self.block_loop([f"tot{x.id}[j] += acc{x.id}[j]; acc{x.id}[j] = 0;" for x in wide])
             w("    }")
+
+    def kept_checks(self) -> list[str]:
+        """Conditions under which kept element r's offset in every access is r times its
+        stride along the last kept dim (MERGED_KEPT_DIMS): that dim is not of size 1 and
+        each outer kept dim of size over 1 has the stride of the dims inside it merged."""
+        last, checks = self.last, [f"D{self.last} > 1"]
+        for k in range(len(self.p.accesses)):
+            inner = []
+            for d in range(last - 1, -1, -1):
+                inner.append(f"D{d + 1}")
+                checks.append(f"(D{d} == 1 || a{k}_{d} == a{k}_{last} * {' * '.join(inner)})")
+        return checks
 
     def merged_checks(self) -> list[str]:
         """Conditions under which every column access's offset at reduced element c is
