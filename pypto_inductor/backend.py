@@ -32,6 +32,7 @@ from .lowering.conv_layout import (compute_channels_last, keep_eager_output_layo
                                    use_channels_last)
 from .lowering.identity_ops import drop_identity_ops
 from .lowering.patch_conv import patchify_convolutions
+from .lowering.unbacked import split_at_unbacked
 from .lowering.cse import cse
 from .lowering.decompositions import python_decompositions_bypassed
 from .lowering.graph import FORCED
@@ -102,6 +103,9 @@ def _donate_nothing() -> None:
 def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: list | None,
                    convs: list | None, record: dict | None = None):
     hw = hardware_model(config.hardware_name, config.capacity_bytes)
+    found = split_at_unbacked(gm)
+    if found is not None:  # data-dependent sizes: compiled in parts (lowering/unbacked.py)
+        return _compile_parts(*found, config, name)
     try:
         device = unsupported_device(gm, get_target(config.target))
         if device:
@@ -161,6 +165,47 @@ def _compile_graph(gm: fx.GraphModule, config: Config, name: str, attention: lis
             return compiled(args)
     run._boxed_call = True  # a function attribute: wrappers (functools.wraps) keep it
     return run
+
+
+def _compile_parts(split: fx.GraphModule, eager: set[str], config: Config, name: str):
+    """Each part of a graph split at its data-dependent sizes compiled (the ops binding them
+    run eagerly, reported so); the parts run in order, as the split module calls them."""
+    hw = hardware_model(config.hardware_name, config.capacity_bytes)
+    if config.fallback == "error":
+        ops = [str(n.target) for sub in sorted(eager)
+               for n in split.get_submodule(sub).graph.nodes if n.op == "call_function"]
+        raise UnsupportedOpsError(
+            f"fallback='error' and these ops of graph {name} would run eagerly: "
+            + "; ".join(ops) + " (their result sizes depend on data). Use fallback='eager' to "
+            "run them eagerly, or turn off Dynamo's capture_dynamic_output_shape_ops / "
+            "capture_scalar_outputs.")
+    for sub, part in list(split.named_children()):
+        part_name = f"{name}_{sub}"
+        if sub in eager:
+            ops = ", ".join(str(n.target) for n in part.graph.nodes if n.op == "call_function")
+            publish(GraphReport.eager(part_name, f"{ops}: result sizes depend on data (they "
+                                      "bind the later parts' sizes)", part), config, hw)
+            continue
+        out = part.graph.output_node()
+        single = not isinstance(out.args[0], (tuple, list))
+        if single:  # lowering takes a graph's outputs as a sequence
+            out.args = ((out.args[0],),)
+            part.recompile()
+        run = _compile_graph(part, config, part_name, None, None)
+        del split._modules[sub]  # a plain attribute: the split module's code calls it
+        setattr(split, sub, _Unboxed(run, single))
+    return make_boxed_func(split.forward)
+
+
+class _Unboxed:
+    """A compiled (boxed) part called as the split module calls its submodules."""
+
+    def __init__(self, run, single: bool):
+        self.run, self.single = run, single
+
+    def __call__(self, *args):
+        outs = self.run(list(args))
+        return outs[0] if self.single else tuple(outs)
 
 
 def _attention_decision(d) -> Decision:
