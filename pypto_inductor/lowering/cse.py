@@ -29,7 +29,7 @@ def _key(value):
     return (type(value).__name__, value)
 
 
-def _storage(node: fx.Node):
+def storage_of(node: fx.Node):
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         try:
@@ -48,7 +48,7 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
     if any(n.target._schema.is_mutable for n in ops):
         return gm
     output = nodes[-1]
-    out_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+    out_storages = {s for s in map(storage_of, output.all_input_nodes) if s is not None}
     graph = fx.Graph(owning_module=gm)
     env: dict[fx.Node, fx.Node] = {}
     seen: dict = {}
@@ -57,7 +57,7 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
         if (isinstance(node.target, torch._ops.OpOverload) and node.op == "call_function"
                 and torch.Tag.nondeterministic_seeded not in node.target.tags
                 and node not in output.all_input_nodes
-                and _storage(node) not in out_storages):
+                and storage_of(node) not in out_storages):
             args = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
             try:
                 key = (node.target, _key(args))

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.multiprocessing.reductions import StorageWeakRef
+
+from .cse import storage_of
 
 aten = torch.ops.aten
 _ONE_OPS = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
@@ -32,13 +33,6 @@ ENABLED = True  # the benchmark's "before" switch
 def _val(node):
     v = node.meta.get("val") if isinstance(node, fx.Node) else None
     return v if isinstance(v, torch.Tensor) else None
-
-
-def _storage(v: torch.Tensor):
-    try:
-        return StorageWeakRef(v.untyped_storage())
-    except (NotImplementedError, RuntimeError):
-        return None
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -55,12 +49,12 @@ def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) ->
                           and n.target._schema.is_mutable for n in graph.nodes):
         return 0
     out = graph.output_node().args[0]
-    flat = [a for a in (out if isinstance(out, (list, tuple)) else [out])]
+    flat = list(out) if isinstance(out, (list, tuple)) else [out]
     visible = flat if visible_outputs is None else flat[:visible_outputs]
     # storages the visible outputs, and all outputs, hold (updated as products are dropped)
-    shown = [_storage(_val(a)) for a in visible if _val(a) is not None]
-    held = [_storage(_val(a)) for a in flat if _val(a) is not None]
-    inputs = {_storage(_val(n)) for n in graph.nodes if n.op == "placeholder" and _val(n) is not None}
+    shown = [storage_of(a) for a in visible if isinstance(a, fx.Node)]
+    held = [storage_of(a) for a in flat if isinstance(a, fx.Node)]
+    inputs = {storage_of(n) for n in graph.nodes if n.op == "placeholder"}
     dropped = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _ONE_OPS or len(node.args) != 2 \
@@ -71,7 +65,7 @@ def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) ->
         if v is None or xv is None or type(one) not in (int, float) or one != 1 \
                 or not _same_layout(v, xv):
             continue
-        mine, theirs = _storage(v), _storage(xv)
+        mine, theirs = storage_of(node), storage_of(x)
         if mine is None or theirs is None:
             continue
         if mine in shown and (theirs in inputs or theirs in held):

@@ -31,13 +31,11 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from .conv import _arg
+
 ENABLED = True
 
 _CONV = {torch.conv2d, F.conv2d}
-
-
-def _arg(node: fx.Node, i: int, name: str, default):
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
 
 
 def _pair(v) -> tuple | None:
