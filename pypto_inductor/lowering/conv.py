@@ -207,7 +207,8 @@ def _fold(site, x, w, b, mean, var, gamma, beta, eps, stride, padding, dilation,
 _sites = iter(range(1 << 62))
 
 
-def _arg(node: fx.Node, i: int, name: str, default):
+def node_arg(node: fx.Node, i: int, name: str, default):
+    """Argument i of node, by position or by keyword name."""
     if len(node.args) > i:
         return node.args[i]
     return node.kwargs.get(name, default)
@@ -256,10 +257,10 @@ def rewrite_convolutions(gm: fx.GraphModule, example_inputs) -> list[tuple[str, 
 
 
 def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCost"] | None:
-    x, w = conv.args[0], _arg(conv, 1, "weight", None)
-    b = _arg(conv, 2, "bias", None)
-    stride, padding = _arg(conv, 3, "stride", 1), _arg(conv, 4, "padding", 0)
-    dilation, groups = _arg(conv, 5, "dilation", 1), _arg(conv, 6, "groups", 1)
+    x, w = conv.args[0], node_arg(conv, 1, "weight", None)
+    b = node_arg(conv, 2, "bias", None)
+    stride, padding = node_arg(conv, 3, "stride", 1), node_arg(conv, 4, "padding", 0)
+    dilation, groups = node_arg(conv, 5, "dilation", 1), node_arg(conv, 6, "groups", 1)
     xv, wv = _val(x), _val(w)
     ints = [e for v in (stride, padding, dilation) for e in (v if isinstance(v, (tuple, list))
                                                              else [v])]
@@ -270,10 +271,10 @@ def _rewrite_one(graph: fx.Graph, conv: fx.Node) -> tuple[str, str, str, "ConvCo
     chain, bn, other, act = [conv], None, None, "none"
     nxt = _only_user(conv)
     if (nxt is not None and nxt.target in _BN and nxt.args[0] is conv
-            and _arg(nxt, 5, "training", True) is False):
-        bn_args = [_arg(nxt, i, k, None) for i, k in
+            and node_arg(nxt, 5, "training", True) is False):
+        bn_args = [node_arg(nxt, i, k, None) for i, k in
                    ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias"))]
-        eps = _arg(nxt, 7, "eps", 1e-5)  # a graph input when Dynamo made it symbolic
+        eps = node_arg(nxt, 7, "eps", 1e-5)  # a graph input when Dynamo made it symbolic
         if (bn_args[0] is not None and bn_args[1] is not None and all(map(_is_const, bn_args))
                 and isinstance(eps, (int, float))):
             bn = bn_args + [float(eps)]
@@ -328,16 +329,16 @@ def _global_pool_keepdim(node: fx.Node) -> bool | None:
     1x1 (adaptive_avg_pool2d(x, 1), mean(x, (2, 3), keepdim=True)), dropping them (mean
     without keepdim), or None: not such a pool."""
     if node.op == "call_function" and node.target in _POOL:
-        size = _arg(node, 1, "output_size", None)
+        size = node_arg(node, 1, "output_size", None)
         return True if size in (1, (1, 1), [1, 1]) and len(node.args) <= 2 else None
     if (node.target in _MEAN and node.op in ("call_function", "call_method")
-            and _arg(node, 3, "dtype", None) is None):
-        dims = _arg(node, 1, "dim", None)
+            and node_arg(node, 3, "dtype", None) is None):
+        dims = node_arg(node, 1, "dim", None)
         dims = [dims] if isinstance(dims, int) else dims
         if (isinstance(dims, (tuple, list)) and len(dims) == 2
                 and all(isinstance(d, int) for d in dims)
                 and sorted(d % 4 for d in dims) == [2, 3]):
-            keepdim = _arg(node, 2, "keepdim", False)
+            keepdim = node_arg(node, 2, "keepdim", False)
             return keepdim if isinstance(keepdim, bool) else None
     return None
 

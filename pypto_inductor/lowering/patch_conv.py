@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .conv import _arg
+from .conv import node_arg
 
 ENABLED = True
 
@@ -45,15 +45,15 @@ def _pair(v) -> tuple | None:
 
 def _patch_shape(conv: fx.Node) -> tuple[int, ...] | None:
     """(N or -1, C, H, W, O, kh, kw) of a patchifying convolution, or None."""
-    x, w = conv.args[0], _arg(conv, 1, "weight", None)
+    x, w = conv.args[0], node_arg(conv, 1, "weight", None)
     xv = x.meta.get("example_value") if isinstance(x, fx.Node) else None
     wv = w.meta.get("example_value") if isinstance(w, fx.Node) else None
     if not (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor)) or xv.dim() != 4 \
             or wv.dim() != 4 or xv.device.type != "cpu" or xv.dtype != wv.dtype \
             or xv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    stride, padding = _pair(_arg(conv, 3, "stride", 1)), _pair(_arg(conv, 4, "padding", 0))
-    dilation, groups = _pair(_arg(conv, 5, "dilation", 1)), _arg(conv, 6, "groups", 1)
+    stride, padding = _pair(node_arg(conv, 3, "stride", 1)), _pair(node_arg(conv, 4, "padding", 0))
+    dilation, groups = _pair(node_arg(conv, 5, "dilation", 1)), node_arg(conv, 6, "groups", 1)
     shape = (*xv.shape[1:], *wv.shape)
     if not all(type(e) is int for e in shape) or groups != 1 or padding != (0, 0) \
             or dilation != (1, 1):
@@ -79,7 +79,7 @@ def patchify_convolutions(gm: fx.GraphModule) -> list[tuple[str, str, str, None]
             continue
         n, c, h, wd, o, kh, kw = shape
         hp, wp = h // kh, wd // kw
-        x, w, b = conv.args[0], _arg(conv, 1, "weight", None), _arg(conv, 2, "bias", None)
+        x, w, b = conv.args[0], node_arg(conv, 1, "weight", None), node_arg(conv, 2, "bias", None)
         with graph.inserting_before(conv):
             if (hp * kh, wp * kw) != (h, wd):  # the convolution skips the remainder
                 x = _call(graph, "call_function", operator.getitem,
