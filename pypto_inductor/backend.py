@@ -61,14 +61,18 @@ _DELIBERATE = (UnsupportedOpsError, KernelBuildError, ConfigError,
                dynamo_exc.RestartAnalysis, dynamo_exc.ShortenTraceback, dynamo_exc.SkipFrame)
 
 
-def _unexpected(where: str, e: Exception, config: Config) -> None:
+def _unexpected(where: str, e: Exception, config: Config, name: str,
+                gm: fx.GraphModule) -> None:
     """An unexpected exception while compiling: re-raised in strict mode (the tests and the
-    fuzzer: a bug must not hide), else a warning naming it, and the caller runs eagerly."""
+    fuzzer: a bug must not hide), else a warning naming it and an eager graph ``name`` in
+    the report, and the caller runs eagerly."""
     if isinstance(e, _DELIBERATE) or config.raise_compile_errors:
         raise e
-    warnings.warn(f"pypto_inductor: {where} runs eagerly: compiling it raised "
-                  f"{type(e).__name__}: {e} (a bug in pypto_inductor; options={{'strict': True}} "
-                  "raises it instead)", stacklevel=3)
+    reason = (f"compiling it raised {type(e).__name__}: {e} (a bug in pypto_inductor; "
+              "options={'strict': True} raises it instead)")
+    warnings.warn(f"pypto_inductor: {where} runs eagerly: {reason}", stacklevel=3)
+    publish(GraphReport.eager(name, reason, gm), config,
+            hardware_model(config.hardware_name, config.capacity_bytes))
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
@@ -86,7 +90,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, config: Config, kind: str,
     try:
         return _compile_graph(gm, config, name, attention, convs, record)
     except Exception as e:  # noqa: BLE001 - see _unexpected
-        _unexpected(f"graph {name}", e, config)
+        _unexpected(f"graph {name}", e, config, name, gm)
         return make_boxed_func(gm.forward)
 
 
@@ -288,7 +292,7 @@ def pypto_backend(gm: fx.GraphModule, example_inputs, options=None, mode=None):
             compiled = aot_autograd(**compilers, decompositions=decomposition_table(),
                                     keep_inference_input_mutations=True)(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - tracing or decomposing failed: see _unexpected
-        _unexpected("the Dynamo graph", e, config)
+        _unexpected("the Dynamo graph", e, config, f"g{next(_graph_ids)}_dynamo", gm)
         if saving:
             raise precompile.PrecompileError(f"compiling the graph raised {e!r}") from e
         return gm.forward

@@ -99,3 +99,22 @@ def test_training_output_times_one(dropped):
                     torch.autograd.grad(ref[0].mul(g).sum() + ref[1], (x, w))):
         torch.testing.assert_close(a, b, **TOL)
     assert out[0].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_graph_returning_a_size_compiles(dropped):
+    """A graph whose outputs include a size (no storage: a dynamic decode step returns the
+    cache's length) compiles: comparing storages with that output raised and sent Mistral's
+    decode graphs eagerly."""
+    torch.manual_seed(0)
+
+    def f(x):
+        return x.sin() * 1.0, x.shape[0] * 2
+
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="pypto", dynamic=True, options={"strict": True})
+    for n in (5, 7):
+        x = torch.randn(n, 3)
+        out, size = g(x)
+        torch.testing.assert_close(out, x.sin(), **TOL)
+        assert size == 2 * n
+    assert sum(dropped) >= 1

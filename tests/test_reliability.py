@@ -379,20 +379,23 @@ def test_emitter_failure_names_the_tile_and_op(monkeypatch):
 @pytest.mark.parametrize("where", ["lower_graph", "plan_fusion", "decomposition_table"])
 def test_unexpected_compile_error_runs_the_graph_eagerly(where, monkeypatch):
     """A bug while lowering, planning (one ATen graph) or tracing (AOTAutograd, the whole
-    Dynamo graph) makes that graph run eagerly with a warning naming the exception; strict
-    mode and fallback='error' raise it (the tests and the fuzzer run strict)."""
+    Dynamo graph) makes that graph run eagerly with a warning naming the exception, and an
+    eager graph in the report; strict mode and fallback='error' raise it (the tests and the
+    fuzzer run strict)."""
     from pypto_inductor import backend
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("planted bug")
     monkeypatch.setattr(backend, where, broken)
     x = torch.randn(6, 5, requires_grad=True)
-    with pytest.warns(UserWarning, match=r"runs eagerly: compiling it raised "
-                                         r"ZeroDivisionError: planted bug"):
+    with collect() as graphs, pytest.warns(UserWarning, match=r"runs eagerly: compiling it "
+                                           r"raised ZeroDivisionError: planted bug"):
         out = _compile(_pointwise, strict=False)(x)
-    torch.testing.assert_close(out, _pointwise(x))
-    out.sum().backward()  # the eager graph's backward too
+        torch.testing.assert_close(out, _pointwise(x))
+        out.sum().backward()  # the eager graph's backward too
     torch.testing.assert_close(x.grad, (x > 0).float() * 2.0)
+    eager = [g.to_dict()["eager_reason"] for g in graphs if g.eager_reason]
+    assert eager and all("ZeroDivisionError: planted bug" in r for r in eager), eager
     for strict in ({"strict": True}, {"strict": False, "fallback": "error"}):
         torch._dynamo.reset()
         with pytest.raises(Exception, match="planted bug"):

@@ -41,6 +41,11 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                    *zip(a.stride(), b.stride())))
 
 
+def _storages(nodes) -> set:
+    return {s for s in map(storage_of, (n for n in nodes if isinstance(n, fx.Node)))
+            if s is not None}
+
+
 def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) -> int:
     """Drop ``gm``'s products and quotients by one in place; the graph's first
     ``visible_outputs`` outputs (all when None) are the caller's. Returns how many."""
@@ -52,9 +57,9 @@ def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) ->
     flat = list(out) if isinstance(out, (list, tuple)) else [out]
     visible = flat if visible_outputs is None else flat[:visible_outputs]
     # storages the visible outputs, and all outputs, hold (updated as products are dropped)
-    shown = [storage_of(a) for a in visible if isinstance(a, fx.Node)]
-    held = [storage_of(a) for a in flat if isinstance(a, fx.Node)]
-    inputs = {storage_of(n) for n in graph.nodes if n.op == "placeholder"}
+    # (sets without None: a StorageWeakRef compared with None raises)
+    shown, held, inputs = (_storages(nodes) for nodes in (
+        visible, flat, [n for n in graph.nodes if n.op == "placeholder"]))
     dropped = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _ONE_OPS or len(node.args) != 2 \
@@ -71,9 +76,9 @@ def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) ->
         if mine in shown and (theirs in inputs or theirs in held):
             continue
         if mine in held:
-            held.append(theirs)
+            held.add(theirs)
         if mine in shown:
-            shown.append(theirs)
+            shown.add(theirs)
         node.replace_all_uses_with(x)
         graph.erase_node(node)
         dropped += 1
