@@ -16,7 +16,8 @@ on its own copy of one seeded model. Each workload is compiled afresh per thread
 (Inductor bakes the thread count into its kernels), run once to compile (``compile s``:
 that first call's wall time, fresh cache directories per run, so the first thread count
 is a cold compile), checked against eager (``check``: the largest difference, relative
-to eager's largest magnitude, over the outputs or gradients), then timed in interleaved
+to eager's largest magnitude, over the outputs or gradients; ``pypto eager graphs``: the
+graphs pypto ran eagerly, from its reports), then timed in interleaved
 rounds (eager, inductor, pypto, eager, ...): medians over ``--repeats`` calls, the median
 of three rounds. Each compiled variant runs a code object of its own
 (``benchmarks.own_code``): Dynamo looks up compiled frames per code object, and the
@@ -39,6 +40,7 @@ import time
 import torch
 
 from pypto_inductor import zoo
+from pypto_inductor.report import collect
 
 import benchmarks
 
@@ -48,7 +50,8 @@ MODES = ("forward", "decode", "train")
 BATCH, SEQ, IMAGE = 4, 128, 64
 PROMPT, NEW_TOKENS = 32, 16
 COLUMNS = ["model", "mode", "threads", "eager ms", "inductor ms", "pypto ms", "eager/pypto",
-           "inductor/pypto", "ind compile s", "pypto compile s", "check ind", "check pypto"]
+           "inductor/pypto", "ind compile s", "pypto compile s", "check ind", "check pypto",
+           "pypto eager graphs"]
 
 
 @contextlib.contextmanager
@@ -244,9 +247,10 @@ def main(argv=None) -> int:
                     torch.set_num_threads(t)
                     torch._dynamo.reset()
                     try:
-                        runs, compile_s, outs, ctx = WORKLOADS[mode](name, model, labels,
-                                                                     args.repeats)
-                        med = _time(runs, args.repeats, ctx, mode == "decode")
+                        with collect() as graphs:  # pypto's, eager ones counted in the row
+                            runs, compile_s, outs, ctx = WORKLOADS[mode](name, model, labels,
+                                                                         args.repeats)
+                            med = _time(runs, args.repeats, ctx, mode == "decode")
                     except Exception as e:  # noqa: BLE001 - one model's failure is a row
                         print(f"{name} | {mode} | {t} | failed: {type(e).__name__}: "
                               f"{str(e)[:200]}", flush=True)
@@ -261,7 +265,8 @@ def main(argv=None) -> int:
                     row = [name, mode, str(t), *(f"{med[b]:.3f}" for b in labels),
                            f"{pi:.2f}", f"{med['inductor'] / med['pypto']:.2f}",
                            f"{compile_s['inductor']:.1f}", f"{compile_s['pypto']:.1f}",
-                           *(f"{c:.1e}" for c in checks)]
+                           *(f"{c:.1e}" for c in checks),
+                           str(sum(1 for g in graphs if g.eager_reason))]
                     rows.append(row)
                     print(" | ".join(row), flush=True)
                     del runs, outs
