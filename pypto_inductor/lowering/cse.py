@@ -39,6 +39,13 @@ def storage_of(node: fx.Node):
     return None
 
 
+def storages_of(nodes) -> set:
+    """The storages of the tensor-valued nodes among ``nodes`` (a set without None: a
+    StorageWeakRef compared with None raises)."""
+    return {s for s in map(storage_of, (n for n in nodes if isinstance(n, fx.Node)))
+            if s is not None}
+
+
 def cse(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` with identical pure ATen calls merged (a new module; ``gm`` unchanged), or
     ``gm`` itself when it mutates anything."""
@@ -48,7 +55,7 @@ def cse(gm: fx.GraphModule) -> fx.GraphModule:
     if any(n.target._schema.is_mutable for n in ops):
         return gm
     output = nodes[-1]
-    out_storages = {s for s in map(storage_of, output.all_input_nodes) if s is not None}
+    out_storages = storages_of(output.all_input_nodes)
     graph = fx.Graph(owning_module=gm)
     env: dict[fx.Node, fx.Node] = {}
     seen: dict = {}

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .cse import storage_of
+from .cse import storage_of, storages_of
 
 aten = torch.ops.aten
 _ONE_OPS = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
@@ -41,11 +41,6 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                    *zip(a.stride(), b.stride())))
 
 
-def _storages(nodes) -> set:
-    return {s for s in map(storage_of, (n for n in nodes if isinstance(n, fx.Node)))
-            if s is not None}
-
-
 def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) -> int:
     """Drop ``gm``'s products and quotients by one in place; the graph's first
     ``visible_outputs`` outputs (all when None) are the caller's. Returns how many."""
@@ -57,8 +52,7 @@ def drop_identity_ops(gm: fx.GraphModule, visible_outputs: int | None = None) ->
     flat = list(out) if isinstance(out, (list, tuple)) else [out]
     visible = flat if visible_outputs is None else flat[:visible_outputs]
     # storages the visible outputs, and all outputs, hold (updated as products are dropped)
-    # (sets without None: a StorageWeakRef compared with None raises)
-    shown, held, inputs = (_storages(nodes) for nodes in (
+    shown, held, inputs = (storages_of(nodes) for nodes in (
         visible, flat, [n for n in graph.nodes if n.op == "placeholder"]))
     dropped = 0
     for node in list(graph.nodes):
